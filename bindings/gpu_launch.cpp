@@ -1,0 +1,84 @@
+#include "gpu_launch.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include "sm90/config.h"
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+    if (err != cudaSuccess)
+        throw std::runtime_error(std::string("sparse_mla_fp8: ") + what + ": " + cudaGetErrorString(err));
+}
+
+// Called with the GIL held, so the caches need no lock of their own.
+cudaKernel_t get_kernel(const std::string& fatbin, const std::string& name) {
+    static std::map<std::pair<std::string, std::string>, cudaKernel_t> kernels;
+    static std::map<std::string, cudaLibrary_t> libraries;
+    auto found = kernels.find({fatbin, name});
+    if (found != kernels.end()) return found->second;
+    auto lib = libraries.find(fatbin);
+    if (lib == libraries.end()) {
+        cudaLibrary_t l;
+        check(cudaLibraryLoadFromFile(&l, fatbin.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+              ("loading " + fatbin).c_str());
+        lib = libraries.emplace(fatbin, l).first;
+    }
+    cudaKernel_t k;
+    check(cudaLibraryGetKernel(&k, lib->second, name.c_str()), ("finding " + name + " in " + fatbin).c_str());
+    return kernels.emplace(std::make_pair(fatbin, name), k).first->second;
+}
+
+// Restores the caller's current device when the launch is done (or throws).
+class DeviceScope {
+public:
+    explicit DeviceScope(int device) {
+        check(cudaGetDevice(&previous_), "cudaGetDevice");
+        if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    }
+    ~DeviceScope() { cudaSetDevice(previous_); }
+
+private:
+    int previous_ = 0;
+};
+
+}  // namespace
+
+std::vector<CudaDeviceInfo> cuda_devices() {
+    int count = 0;
+    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    std::vector<CudaDeviceInfo> out;
+    for (int i = 0; i < count; ++i) {
+        cudaDeviceProp prop;
+        check(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties");
+        out.push_back({i, prop.major, prop.minor, prop.multiProcessorCount, prop.name});
+    }
+    return out;
+}
+
+void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, const std::string& fatbin,
+                    const std::string& kernel_name) {
+    namespace cfg = sparse_mla::sm90;
+    DeviceScope scope(device);
+    cudaKernel_t kernel = get_kernel(fatbin, kernel_name);
+    const int smem = cfg::smem_bytes(static_cast<int>(p.d_qk));
+
+    static std::set<std::pair<cudaKernel_t, int>> configured;
+    if (configured.insert({kernel, device}).second) {
+        cudaError_t err = cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device);
+        if (err != cudaSuccess) configured.erase({kernel, device});
+        check(err, "setting the kernel's shared memory size");
+    }
+
+    const dim3 grid(static_cast<unsigned>(p.s_q * cfg::head_blocks(p.h_q)));
+    SparseMlaParams params = p;
+    void* args[] = {&params};
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(cfg::kThreads), args, smem,
+                           reinterpret_cast<cudaStream_t>(stream)),
+          "launching the prefill kernel");
+}
