@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the wheel, checks it holds one fatbin per head dim plus the manifest, installs it into a fresh
+# venv and checks that `info` lists the table there. Usage: ci/build_wheel.sh [VENV_DIR] [extra pip args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:-/tmp/sparse-mla-venv}
+shift || true
+dims=${SPARSE_MLA_HEAD_DIMS:-512;576}
+
+python3 -m venv --clear "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+rm -rf dist
+"$venv/bin/python" -m pip wheel -q --no-deps -w dist "$@" .
+wheel=$(ls dist/sparse_mla_fp8-*.whl)
+echo "built $wheel"
+
+listing=$("$venv/bin/python" -m zipfile -l "$wheel")
+grep -q "sparse_mla_fp8/_manifest.json" <<<"$listing" || { echo "no manifest in $wheel"; exit 1; }
+grep -q "sparse_mla_fp8/_C\." <<<"$listing" || { echo "no native module in $wheel"; exit 1; }
+if command -v nvcc >/dev/null; then
+  IFS=';' read -ra want <<<"$dims"
+  for d in "${want[@]}"; do
+    grep -q "sparse_mla_fp8/sparse_mla_fp8_d${d}.fatbin" <<<"$listing" || { echo "no fatbin for d_qk=$d in $wheel"; exit 1; }
+  done
+fi
+
+"$venv/bin/python" -m pip install -q "$wheel"
+info=$(cd / && "$venv/bin/python" -m sparse_mla_fp8 info)
+echo "$info"
+IFS=';' read -ra want <<<"$dims"
+for d in "${want[@]}"; do
+  grep -q "$d" <<<"$info" || { echo "info does not list d_qk=$d"; exit 1; }
+done
+echo "wheel check passed"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU machine's one call: build and install, then the GPU suite, the demo, the benchmark and the
+# sanitizers. Logs go to $OUT. Usage: ci/gpu.sh [build] [test] [demo] [bench] [sanitize] (default: all)
+# The machine has no package registry: the nvidia-cutlass wheel travels in .whl/ (see README).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/sparse-mla-gpu}
+mkdir -p "$OUT"
+steps=${*:-build test demo bench sanitize}
+export PYTHONUNBUFFERED=1
+status=0
+step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+record() { local rc=$1 name=$2; echo "== $name: rc=$rc"; [ "$rc" = 0 ] || status=1; }
+
+if step build; then
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl
+  python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1
+  record $? build
+  grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c
+fi
+(cd / && python3 -m sparse_mla_fp8 info)
+if step test; then
+  python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/tests.log" | tail -25
+  record "${PIPESTATUS[0]}" tests
+fi
+if step demo; then
+  (cd / && python3 -m sparse_mla_fp8 demo) 2>&1 | tee "$OUT/demo.log"
+  record "${PIPESTATUS[0]}" demo
+fi
+if step bench; then
+  (cd / && python3 -m sparse_mla_fp8 bench --json "$OUT/bench.json") 2>&1 | tee "$OUT/bench.log"
+  record "${PIPESTATUS[0]}" bench
+fi
+if step sanitize; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 ci/sanitize_case.py > "$OUT/$tool.log" 2>&1
+    record $? "compute-sanitizer $tool"
+    tail -3 "$OUT/$tool.log"
+  done
+fi
+exit $status

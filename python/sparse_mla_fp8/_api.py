@@ -1,0 +1,54 @@
+"""The public entry points: check, look up the kernel, allocate what the caller did not give, launch."""
+
+from . import _C
+from ._capabilities import kernel_for
+from ._frameworks import export, stream_handle
+from ._validate import check_args
+
+
+def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, attn_sink=None,
+            topk_length=None, out=None, max_logits=None, lse=None, stream=None):
+    """FP8 sparse MLA prefill: each query token attends to the `topk` KV rows its indices name.
+
+    q [s_q, h_q, d_qk] and kv [s_kv, 1, d_qk] are float8_e4m3fn (or uint8 holding e4m3fn bytes) with
+    per-tensor scales q_scale and kv_scale (a float, or a 1-element float32 array on the device, read
+    by the kernel: no host sync). indices [s_q, 1, topk] int32; a slot is valid iff
+    0 <= index < s_kv and slot < topk_length[t] (topk_length [s_q] int32, optional, clamped to
+    [0, topk]). attn_sink [h_q] float32, optional. V is the first d_v = 512 columns of each KV row.
+
+    Returns (out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q]) in q's framework; lse and
+    max_logits are natural-log, float32. out is torch.bfloat16 for torch, and a uint16 array of bf16
+    bit patterns for NumPy and CuPy, which have no bf16 (see bf16_to_float32). JAX arrays are
+    accepted as inputs, but JAX cannot write in place: JAX callers pass out, max_logits and lse from
+    a framework with writable arrays (CuPy, torch), and get those back.
+
+    The launch goes to the inputs' device on `stream` (an int cudaStream_t, or an object with
+    __cuda_stream__() or .cuda_stream; default: torch's current stream for torch tensors, else the
+    legacy default stream). CPU arrays run the same operation on the CPU.
+    """
+    framework, device, s_q, h_q, sm_scale, q_scale, kv_scale = check_args(
+        q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse)
+    if device[0] == "cuda":
+        fatbin, kernel = kernel_for(device[1], q.shape[2])
+    else:
+        fatbin = kernel = ""
+    handle = stream_handle(stream, framework, q, device)
+    if out is None:
+        out = framework.empty(q, (s_q, h_q, d_v), "bf16")
+    if max_logits is None:
+        max_logits = framework.empty(q, (s_q, h_q), "float32")
+    if lse is None:
+        lse = framework.empty(q, (s_q, h_q), "float32")
+    if s_q:
+        _C.prefill(export(q), export(kv), export(indices), sm_scale, export(q_scale), export(kv_scale),
+                   export(attn_sink), export(topk_length), export(out), export(max_logits), export(lse),
+                   handle, fatbin, kernel)
+    return out, max_logits, lse
+
+
+def sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None,
+                                 topk_length=None, *, out=None, max_logits=None, lse=None):
+    """Drop-in for SGLang's function of this name (torch tensors, current stream):
+    returns (out, max_logits, lse). See prefill()."""
+    return prefill(q, kv, indices, sm_scale, q_scale=q_scale, kv_scale=kv_scale, d_v=d_v,
+                   attn_sink=attn_sink, topk_length=topk_length, out=out, max_logits=max_logits, lse=lse)

@@ -1,0 +1,310 @@
+"""python -m sparse_mla_fp8 info | demo | bench
+
+info:  the build, its capability table, the GPUs found and whether each can run it.
+demo:  one DeepSeek-V3.2-shaped prefill checked against the float64 reference and timed; exits 1 if
+       the accuracy misses the contract. On the GPU when torch sees one the build has a kernel for,
+       else a small one on the CPU with NumPy.
+bench: the contract's benchmark shapes (or --shape ...) with CUDA events, against torch's FP8 GEMM
+       rate measured in the same run and FlashMLA's BF16 figures from the contract; host overhead.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from . import _C, __version__, bf16_to_float32, capabilities, check_config, prefill, supports
+from ._capabilities import arch_of, cuda_devices, manifest
+
+# (s_q, s_kv, h_q, d_qk, topk) -> (FlashMLA BF16 µs on an H200, the goal in µs), from CONTRACT.md.
+CONTRACT_SHAPES = {
+    (4096, 8192, 128, 576, 2048): (3899, 2300),
+    (4096, 32768, 128, 576, 2048): (4008, 2360),
+    (4096, 65536, 128, 576, 2048): (4294, 2530),
+    (4096, 8192, 64, 512, 512): (548, 322),
+    (4096, 32768, 64, 512, 512): (584, 344),
+    (4096, 32768, 128, 512, 1024): (2078, 1222),
+}
+OUT_REL_LIMIT, LSE_ABS_LIMIT = 2e-2, 1e-3
+D_V = 512
+
+
+def flops(s_q, h_q, d_qk, topk):
+    return 2 * s_q * h_q * topk * (d_qk + D_V)
+
+
+def _dims(dims):
+    return "/".join(str(d) for d in sorted(dims))
+
+
+# ---------------------------------------------------------------------------------------------- info
+
+def info(args):
+    m = manifest()
+    print(f"sparse_mla_fp8 {__version__}  ({_C.__file__})")
+    if m["cuda"]:
+        print(f"built with CUDA {m['cuda_version']}, CMAKE_CUDA_ARCHITECTURES={m['cmake_cuda_architectures']}")
+    else:
+        print("CPU-only build: no GPU kernels; the CPU path serves the table's head dims")
+    print("capability table:")
+    print(f"  {'arch':<8} {'d_qk':>5} {'d_v':>5}  fatbin")
+    for c in capabilities():
+        print(f"  {c['arch'] or '-':<8} {c['d_qk']:>5} {c['d_v']:>5}  {c['fatbin'] or '-'}")
+    print("GPUs:")
+    try:
+        gpus = cuda_devices()
+    except RuntimeError as e:
+        print(f"  none usable: {e}")
+        return 0
+    if not gpus:
+        print("  none (this build does not query CUDA)" if not _C.HAS_CUDA else "  none")
+    dims = sorted({c["d_qk"] for c in capabilities()})
+    for gpu in gpus:
+        head = f"  cuda:{gpu['index']}  {gpu['name']}  {arch_of(gpu)}  {gpu['sm_count']} SMs: "
+        runs = [d for d in dims if supports(d, D_V, gpu["index"])]
+        if runs:
+            print(head + f"runs d_qk={_dims(runs)}")
+            continue
+        try:
+            check_config(dims[0], D_V, gpu["index"])
+        except ValueError as e:
+            print(head + f"cannot run it: {e}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- torch side
+
+def _torch_cuda():
+    """torch, if it is installed and sees a GPU; else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _torch_inputs(torch, s_q, s_kv, h_q, d_qk, topk, device):
+    """q and kv as randn * 1.5 in e4m3, and topk distinct random KV rows per query token."""
+    q = (torch.randn(s_q, h_q, d_qk, device=device) * 1.5).to(torch.float8_e4m3fn)
+    kv = (torch.randn(s_kv, 1, d_qk, device=device) * 1.5).to(torch.float8_e4m3fn)
+    indices = torch.empty(s_q, 1, topk, dtype=torch.int32, device=device)
+    rows = max(1, (1 << 28) // s_kv)  # chunks of 1 GiB of random keys
+    for start in range(0, s_q, rows):
+        keys = torch.rand(min(rows, s_q - start), s_kv, device=device)
+        indices[start:start + rows, 0] = keys.topk(topk, dim=1).indices
+    return q, kv, indices
+
+
+def _event_median_us(torch, fn, iters, warmup=3):
+    """Median over `iters` calls of fn(i) timed with CUDA events, after warm-up."""
+    for i in range(warmup):
+        fn(i)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (start, end) in enumerate(pairs):
+        start.record()
+        fn(i)
+        end.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(start.elapsed_time(end) for start, end in pairs)
+
+
+# ---------------------------------------------------------------------------------------------- demo
+
+def _has_kernel(d_qk, device):
+    """Whether device runs d_qk; says why not on stderr."""
+    try:
+        check_config(d_qk, D_V, device)
+    except ValueError as e:
+        print(f"no GPU kernel: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _errors(out, max_logits, lse, ref):
+    import numpy as np
+
+    ref_out, ref_max, ref_lse = ref
+    rel = float(np.linalg.norm(out - ref_out) / np.linalg.norm(ref_out))
+    return rel, float(np.max(np.abs(lse - ref_lse))), float(np.max(np.abs(max_logits - ref_max)))
+
+
+def _demo_gpu(torch, device, d_qk):
+    from .reference import reference_prefill
+
+    s_q, s_kv, h_q, topk = 1024, 32768, 128, 2048
+    torch.manual_seed(0)
+    q, kv, indices = _torch_inputs(torch, s_q, s_kv, h_q, d_qk, topk, device)
+    q_scale = torch.tensor([0.9], device=device)
+    kv_scale = torch.tensor([1.1], device=device)
+    sink = torch.randn(h_q, device=device) * 2 + 8  # near lse, so it moves the output
+    sm_scale = d_qk ** -0.5
+    out, max_logits, lse = prefill(q, kv, indices, sm_scale, q_scale=q_scale, kv_scale=kv_scale, attn_sink=sink)
+    tokens = torch.linspace(0, s_q - 1, 16, device=device).long()
+    ref = reference_prefill(q.view(torch.uint8)[tokens].cpu().numpy(), kv.view(torch.uint8).cpu().numpy(),
+                            indices[tokens].cpu().numpy(), sm_scale, q_scale=0.9, kv_scale=1.1,
+                            attn_sink=sink.cpu().numpy())
+    errors = _errors(out[tokens].float().cpu().numpy(), max_logits[tokens].cpu().numpy(),
+                     lse[tokens].cpu().numpy(), ref)
+    us = _event_median_us(torch, lambda i: prefill(q, kv, indices, sm_scale, q_scale=q_scale, kv_scale=kv_scale,
+                                                   attn_sink=sink, out=out, max_logits=max_logits, lse=lse), 20)
+    where = f"{torch.cuda.get_device_name(device)} (cuda:{device}), CUDA events, median of 20"
+    return (s_q, s_kv, h_q, d_qk, topk), where, "16 tokens", errors, us
+
+
+def _demo_cpu(d_qk):
+    import numpy as np
+
+    from .reference import e4m3_encode, reference_prefill
+
+    s_q, s_kv, h_q, topk = 8, 4096, 16, 256
+    rng = np.random.default_rng(0)
+    q = e4m3_encode(rng.standard_normal((s_q, h_q, d_qk)) * 1.5)
+    kv = e4m3_encode(rng.standard_normal((s_kv, 1, d_qk)) * 1.5)
+    indices = np.argsort(rng.random((s_q, s_kv)), axis=1)[:, None, :topk].astype(np.int32)
+    sink = (rng.standard_normal(h_q) * 2 + 8).astype(np.float32)
+    sm_scale = d_qk ** -0.5
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out, max_logits, lse = prefill(q, kv, indices, sm_scale, q_scale=0.9, kv_scale=1.1, attn_sink=sink)
+        times.append(time.perf_counter() - start)
+    ref = reference_prefill(q, kv, indices, sm_scale, q_scale=0.9, kv_scale=1.1, attn_sink=sink)
+    errors = _errors(bf16_to_float32(out), max_logits, lse, ref)
+    us = 1e6 * statistics.median(times)
+    return (s_q, s_kv, h_q, d_qk, topk), "CPU, wall clock, median of 3", "all tokens", errors, us
+
+
+def demo(args):
+    d_qk = 576 if supports(576) else min(c["d_qk"] for c in capabilities())  # DeepSeek-V3.2's, if built
+    torch = _torch_cuda()
+    if torch is not None and _has_kernel(d_qk, torch.cuda.current_device()):
+        result = _demo_gpu(torch, torch.cuda.current_device(), d_qk)
+    else:
+        result = _demo_cpu(d_qk)
+    shape, where, checked, (rel, lse_err, max_err), us = result
+    s_q, s_kv, h_q, d_qk, topk = shape
+    print(f"prefill s_q={s_q} s_kv={s_kv} h_q={h_q} d_qk={d_qk} topk={topk}, q_scale 0.9, kv_scale 1.1, a sink")
+    print(f"on {where}: {us:.1f} µs per call, {flops(s_q, h_q, d_qk, topk) / us / 1e6:.3g} TFLOP/s")
+    ok = rel <= OUT_REL_LIMIT and lse_err <= LSE_ABS_LIMIT and max_err <= LSE_ABS_LIMIT
+    print(f"against the float64 reference ({checked}): out rel {rel:.2e} (<= {OUT_REL_LIMIT:g}), "
+          f"lse max abs {lse_err:.2e}, max_logits max abs {max_err:.2e} (<= {LSE_ABS_LIMIT:g})")
+    print("accuracy: within the contract" if ok else "accuracy: MISSES the contract")
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------------------------- bench
+
+def _fp8_gemm_tflops(torch, iters):
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    # _scaled_mm wants its second operand column-major: the transpose of a row-major tensor.
+    us = _event_median_us(torch, lambda i: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                             out_dtype=torch.bfloat16), iters)
+    return 2 * n ** 3 / us / 1e6
+
+
+def _bench_shape(torch, shape, iters):
+    s_q, s_kv, h_q, d_qk, topk = shape
+    per_set = s_q * h_q * d_qk + s_kv * d_qk + 4 * s_q * topk + 2 * s_q * h_q * D_V + 8 * s_q * h_q
+    free, _ = torch.cuda.mem_get_info()
+    # Rotating input sets keeps one call's KV and q out of L2 for the next, as in a real model.
+    sets = [_torch_inputs(torch, *shape, torch.cuda.current_device())
+            for _ in range(max(1, min(3, int(0.5 * free) // per_set)))]
+    scale = torch.ones(1, device="cuda")
+    outs = [prefill(q, kv, idx, d_qk ** -0.5, q_scale=scale, kv_scale=scale) for q, kv, idx in sets]
+
+    def call(i):
+        (q, kv, idx), (out, mx, lse) = sets[i % len(sets)], outs[i % len(outs)]
+        prefill(q, kv, idx, d_qk ** -0.5, q_scale=scale, kv_scale=scale, out=out, max_logits=mx, lse=lse)
+
+    return _event_median_us(torch, call, iters), len(sets)
+
+
+def _host_overhead_us(torch, d_qk, calls=1000, passes=3):
+    """Per prefill() call, allocation included, on a shape whose kernel is the smallest there is:
+    the host time to issue the calls, and the wall time until they are done (best of `passes`, as
+    other processes disturb single passes). When the two differ, the GPU set the pace."""
+    q, kv, indices = _torch_inputs(torch, 1, 1, 1, d_qk, 1, "cuda")
+    for _ in range(10):
+        prefill(q, kv, indices, 1.0)
+    best = None
+    for _ in range(passes):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            prefill(q, kv, indices, 1.0)
+        issued = time.perf_counter()
+        torch.cuda.synchronize()
+        figures = (1e6 * (issued - start) / calls, 1e6 * (time.perf_counter() - start) / calls)
+        best = figures if best is None or figures[1] < best[1] else best
+    return best
+
+
+def _shape_arg(text):
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 5:
+        raise argparse.ArgumentTypeError(f"expected s_q,s_kv,h_q,d_qk,topk, got {text!r}")
+    return shape
+
+
+def bench(args):
+    torch = _torch_cuda()
+    if torch is None:
+        print("bench needs torch with a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.cuda.current_device()
+    smallest = min(c["d_qk"] for c in capabilities())
+    if not _has_kernel(smallest, device):
+        return 2
+    gemm = _fp8_gemm_tflops(torch, args.iters)
+    name = torch.cuda.get_device_name(device)
+    print(f"{name} (cuda:{device}), torch {torch.__version__}, median of {args.iters} CUDA-event timings")
+    print(f"torch FP8 GEMM 8192^3 (_scaled_mm, e4m3 -> bf16): {gemm:.0f} TFLOP/s")
+    print(f"{'s_q, s_kv, h_q, d_qk, topk':<30} {'µs':>8} {'TFLOP/s':>8} {'of FP8 GEMM':>11} "
+          f"{'FlashMLA BF16 µs':>17} {'speedup':>8} {'goal µs':>8}")
+    rows = []
+    for shape in args.shape or list(CONTRACT_SHAPES):
+        label = ", ".join(map(str, shape))
+        if not _has_kernel(shape[3], device):
+            continue
+        us, sets = _bench_shape(torch, shape, args.iters)
+        tflops = flops(shape[0], shape[2], shape[3], shape[4]) / us / 1e6
+        flashmla, goal = CONTRACT_SHAPES.get(shape, (None, None))
+        row = {"shape": dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape)), "us": us,
+               "tflops": tflops, "fraction_of_fp8_gemm": tflops / gemm, "input_sets": sets,
+               "flashmla_bf16_us": flashmla, "speedup_vs_flashmla_bf16": flashmla and flashmla / us,
+               "goal_us": goal}
+        rows.append(row)
+        extra = f"{flashmla:>17} {flashmla / us:>7.2f}x {goal:>8}" if flashmla else ""
+        print(f"{label:<30} {us:>8.1f} {tflops:>8.1f} {tflops / gemm:>11.2f} {extra}")
+        torch.cuda.empty_cache()
+    issue, wall = _host_overhead_us(torch, smallest)
+    print(f"host overhead per prefill() call (s_q=1, h_q=1, topk=1, outputs allocated, best of 3 x 1000 calls): "
+          f"{issue:.1f} µs to issue, {wall:.1f} µs until done")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "torch": torch.__version__, "version": __version__, "iters": args.iters,
+                       "fp8_gemm_tflops": gemm, "shapes": rows, "host_issue_us_per_call": issue,
+                       "host_wall_us_per_call": wall}, f, indent=2)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m sparse_mla_fp8", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="the build, its capability table and the GPUs found")
+    commands.add_parser("demo", help="one checked and timed prefill (GPU if possible, else CPU)")
+    b = commands.add_parser("bench", help="time the benchmark shapes (torch + CUDA)")
+    b.add_argument("--shape", action="append", type=_shape_arg, metavar="S_Q,S_KV,H_Q,D_QK,TOPK",
+                   help="a shape to time instead of the contract's six (repeatable)")
+    b.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    b.add_argument("--iters", type=int, default=20, help="timed calls per shape (default 20)")
+    args = parser.parse_args(argv)
+    return {"info": info, "demo": demo, "bench": bench}[args.command](args)

@@ -1,0 +1,28 @@
+import pytest
+
+from harness import Backend
+
+# Every case of the shared suite runs on each framework and device; CUDA ones skip without a GPU that
+# has a compiled specialization, and torch/CuPy ones without those frameworks.
+BACKENDS = [
+    pytest.param(("numpy", "cpu"), id="numpy"),
+    pytest.param(("torch-fp8", "cpu"), id="torch-fp8-cpu"),
+    pytest.param(("torch-u8", "cpu"), id="torch-u8-cpu"),
+    pytest.param(("torch-fp8", "cuda"), id="torch-fp8-cuda", marks=pytest.mark.gpu),
+    pytest.param(("torch-u8", "cuda"), id="torch-u8-cuda", marks=pytest.mark.gpu),
+    pytest.param(("cupy", "cuda"), id="cupy-cuda", marks=pytest.mark.gpu),
+]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU with a compiled specialization")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return Backend(*request.param)
+
+
+@pytest.fixture(params=[p for p in BACKENDS if p.id.startswith("torch")])
+def torch_backend(request):
+    return Backend(*request.param)

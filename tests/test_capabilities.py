@@ -1,0 +1,67 @@
+"""The capability table and the init-time gate of serving engines: capabilities(), supports(),
+check_config(). Dims are read from the table, as a build with other dims must still pass."""
+
+import os
+import re
+
+import pytest
+
+import sparse_mla_fp8
+from harness import d_v_error, dims_error, table_dims
+
+UNKNOWN_D_QK = next(d for d in (128, 64, 256, 1024) if d not in table_dims())
+
+
+def _no_gpu():
+    try:
+        return not sparse_mla_fp8._C.cuda_devices()
+    except RuntimeError:  # no driver or no usable GPU
+        return True
+
+
+def test_table_entries():
+    table = sparse_mla_fp8.capabilities()
+    assert table
+    for entry in table:
+        assert {"arch", "d_qk", "d_v", "fatbin"} <= set(entry), entry
+        assert entry["d_v"] == 512
+        assert (entry["arch"] is None) == (entry["fatbin"] is None), entry
+        if entry["arch"] is not None:
+            assert re.fullmatch(r"sm_\d+a?", entry["arch"]), entry
+            assert os.path.isabs(entry["fatbin"]) and os.path.isfile(entry["fatbin"]), entry
+
+
+def test_default_dims():
+    assert {512, 576} <= set(table_dims())
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_supports(device):
+    for d_qk in table_dims():
+        assert sparse_mla_fp8.supports(d_qk, device=device) is True
+        assert sparse_mla_fp8.supports(d_qk, 512, device) is True
+        assert sparse_mla_fp8.supports(d_qk, d_v=256, device=device) is False
+    assert sparse_mla_fp8.supports(UNKNOWN_D_QK, device=device) is False
+
+
+def test_supports_cuda_without_gpu():
+    if not _no_gpu():
+        pytest.skip("a GPU is present: test_gpu.py covers it")
+    assert sparse_mla_fp8.supports(576, device="cuda") is False
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_check_config(device):
+    for d_qk in table_dims():
+        assert sparse_mla_fp8.check_config(d_qk=d_qk, d_v=512, device=device) is None
+    with pytest.raises(ValueError, match=re.escape(dims_error(UNKNOWN_D_QK))):
+        sparse_mla_fp8.check_config(d_qk=UNKNOWN_D_QK, d_v=512, device=device)
+    with pytest.raises(ValueError, match=re.escape(d_v_error(256))):
+        sparse_mla_fp8.check_config(d_qk=576, d_v=256, device=device)
+
+
+def test_check_config_torch_device():
+    torch = pytest.importorskip("torch")
+    assert sparse_mla_fp8.check_config(576, device=torch.device("cpu")) is None
+    with pytest.raises(ValueError, match=re.escape(dims_error(UNKNOWN_D_QK))):
+        sparse_mla_fp8.check_config(UNKNOWN_D_QK, device=torch.device("cpu"))

@@ -1,0 +1,156 @@
+"""GPU-only cases: production-scale shapes, streams, arrays on different devices, the table on a GPU.
+The cases shared with the CPU path run on the GPU through the CUDA params of the `backend` fixture
+(test_prefill.py, test_refusals.py)."""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sparse_mla_fp8
+from harness import (INT_MAX, INT_MIN, Backend, assert_matches, assert_refused, call_args, dims_error,
+                     invoke, random_case, results_numpy, run_and_check, seed_of, table_dims)
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or not sparse_mla_fp8.supports(576, device="cuda"):
+    pytest.skip("needs a CUDA GPU with a compiled specialization", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def cuda():
+    return Backend("torch-fp8", "cuda")
+
+
+def _many_tokens_case(seed, s_q, s_kv, h_q, d_qk, topk):
+    """A random case whose q rows beyond 4096 tokens repeat earlier ones (with their own indices), so
+    that 70000 tokens cost seconds to make; the kernel cannot tell."""
+    case = random_case(seed, min(s_q, 4096), s_kv, h_q, d_qk, topk)
+    rng = np.random.default_rng(seed)
+    if s_q > case.s_q:
+        case.q = case.q[rng.integers(0, case.s_q, s_q)]
+        case.indices = rng.integers(0, s_kv, (s_q, 1, topk), dtype=np.int32)
+    return case
+
+
+@pytest.mark.parametrize("shape, checked", [((64, 65536, 128, 576, 2048), 16), ((70000, 4096, 16, 512, 16), 512)],
+                         ids=["h128_topk2048_skv65536", "sq70000_topk16"])
+def test_large(cuda, shape, checked):
+    """Every token is checked for NaN (unwritten outputs); `checked` random ones against the reference."""
+    case = _many_tokens_case(seed_of(shape), *shape)
+    s_q = shape[0]
+    tokens = np.unique(np.r_[0, s_q - 1, np.random.default_rng(1).choice(s_q, checked, replace=False)])
+    run_and_check(cuda, case, tokens=tokens)
+
+
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_full_heads_with_length_and_sink(cuda, d_qk):
+    s_q, s_kv, h_q, topk = 16, 8192, 128, 2048
+    case = random_case(seed_of("full heads", d_qk), s_q, s_kv, h_q, d_qk, topk)
+    rng = np.random.default_rng(d_qk)
+    case.attn_sink = rng.choice([np.inf, -np.inf, 0.0, 2.0, -2.0, 8.0], h_q).astype(np.float32)
+    case.topk_length = np.r_[0, 1, 63, 64, 65, 2047, 2048, 2049, INT_MAX, INT_MIN, -1,
+                             rng.integers(0, topk, s_q - 11)].astype(np.int32)
+    invalid = rng.random(case.indices.shape) < 0.1
+    case.indices[invalid] = rng.choice(np.array([-1, s_kv, INT_MIN, INT_MAX], np.int32), invalid.sum())
+    case.poison_unreferenced_kv()
+    run_and_check(cuda, case)
+    first, second = invoke(call_args(cuda, case)), invoke(call_args(cuda, case))
+    for a, b in zip(first, second):
+        assert cuda.raw(a) == cuda.raw(b), "two runs on identical input differ"
+
+
+class _Protocol:  # only __cuda_stream__, as CUDA Python and other libraries export it
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __cuda_stream__(self):
+        return (0, self.stream.cuda_stream)
+
+
+class _Attribute:  # only .cuda_stream
+    def __init__(self, stream):
+        self.cuda_stream = stream.cuda_stream
+
+
+STREAMS = {
+    "torch_stream": lambda s: s,
+    "int": lambda s: s.cuda_stream,
+    "protocol": _Protocol,
+    "attribute": _Attribute,
+    "current": None,  # no argument, inside `with torch.cuda.stream(s)`: torch's current stream
+}
+
+
+@pytest.mark.parametrize("how", STREAMS)
+def test_stream(cuda, how):
+    """q becomes valid only once a slow copy queued on the side stream ends: a launch on any other
+    stream (e.g. the legacy default one, which does not wait for torch's non-blocking streams) reads
+    NaN."""
+    case = random_case(seed_of("stream", how), 8, 4096, 64, 576, 256)
+    kw = call_args(cuda, case)
+    q_bytes = kw["q"].view(torch.uint8)
+    good_q = q_bytes.clone()
+    q_bytes.fill_(0x7F)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # some 50 ms
+        q_bytes.copy_(good_q)
+        if STREAMS[how] is None:
+            result = invoke(kw)
+    if STREAMS[how] is not None:
+        result = invoke({**kw, "stream": STREAMS[how](side)})
+    side.synchronize()
+    assert_matches(results_numpy(cuda, result), case.reference(), cuda.tol)
+
+
+MIXED = {  # one array on the CPU, the others on the GPU
+    "q": lambda kw: {"q": kw["q"].cpu()},
+    "kv": lambda kw: {"kv": kw["kv"].cpu()},
+    "indices": lambda kw: {"indices": kw["indices"].cpu()},
+    "attn_sink": lambda kw: {"attn_sink": kw["attn_sink"].cpu()},
+    "topk_length": lambda kw: {"topk_length": kw["topk_length"].cpu()},
+    "q_scale": lambda kw: {"q_scale": torch.ones(1)},
+    "out": lambda kw: {"out": kw["out"].cpu()},
+    "lse": lambda kw: {"lse": kw["lse"].cpu()},
+}
+
+
+@pytest.mark.parametrize("on_cpu", MIXED)
+def test_mixed_devices(cuda, on_cpu):
+    case = random_case(3, 4, 100, 8, 576, 16)
+    case.attn_sink = np.zeros(8, np.float32)
+    case.topk_length = np.full(4, 16, np.int32)
+    case.scales_as_arrays = (True, True)
+    kw = call_args(cuda, case)
+    kw.update(MIXED[on_cpu](kw))
+    buffers = [x for x in kw.values() if isinstance(x, torch.Tensor)]
+    assert_refused(lambda: invoke(kw), ValueError, cuda, buffers, names=[on_cpu, "cpu"])
+
+
+def test_inputs_on_another_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    backend = Backend("torch-fp8", "cuda:1")
+    with torch.cuda.device(0):
+        run_and_check(backend, random_case(9, 4, 500, 70, 576, 300))
+
+
+def test_table_on_gpu(tmp_path):
+    assert any(entry["arch"] == "sm_90a" for entry in sparse_mla_fp8.capabilities())
+    for device in ("cuda", "cuda:0", 0, torch.device("cuda")):
+        for d_qk in table_dims():
+            assert sparse_mla_fp8.supports(d_qk, device=device) is True
+            assert sparse_mla_fp8.check_config(d_qk, 512, device) is None
+    unknown = next(d for d in (128, 64, 256, 1024) if d not in table_dims())
+    assert sparse_mla_fp8.supports(unknown, device="cuda") is False
+    with pytest.raises(ValueError, match=re.escape(dims_error(unknown))):
+        sparse_mla_fp8.check_config(unknown, device="cuda")
+    info = subprocess.run([sys.executable, "-m", "sparse_mla_fp8", "info"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert torch.cuda.get_device_name(0) in info.stdout, info.stdout

@@ -1,0 +1,56 @@
+"""The package as a whole: what importing it loads, its CLI, its exports."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sparse_mla_fp8
+from harness import table_dims
+from sparse_mla_fp8.reference import bf16_bits_to_float32
+
+
+def _python(code_or_args, tmp_path):
+    args = ["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args
+    # from an empty folder, so that what is imported is the installed package
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_import_loads_no_framework(tmp_path):
+    run = _python("import sys, sparse_mla_fp8; "
+                  "print(sorted(m for m in ('torch', 'jax', 'jaxlib', 'cupy') if m in sys.modules))", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_cli_info(tmp_path):
+    run = _python(["-m", "sparse_mla_fp8", "info"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    for d_qk in table_dims():
+        assert str(d_qk) in run.stdout, run.stdout
+
+
+def test_exports():
+    for name in ("prefill", "sparse_mla_q8kv8_prefill_fwd", "check_config", "supports", "capabilities",
+                 "bf16_to_float32"):
+        assert callable(getattr(sparse_mla_fp8, name)), name
+    assert isinstance(sparse_mla_fp8.__version__, str) and sparse_mla_fp8.__version__
+
+
+def test_bf16_to_float32_numpy():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    want = bf16_bits_to_float32(bits)
+    got = sparse_mla_fp8.bf16_to_float32(bits)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == bits.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(sparse_mla_fp8.bf16_to_float32(bits.view(np.int16)).view(np.uint32),
+                                  want.view(np.uint32))
+
+
+def test_bf16_to_float32_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 100).bfloat16()
+    got = sparse_mla_fp8.bf16_to_float32(x)
+    assert got.dtype == torch.float32 and torch.equal(got, x.float())
+    assert torch.equal(sparse_mla_fp8.bf16_to_float32(x.view(torch.int16)), x.float())
