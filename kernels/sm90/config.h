@@ -7,20 +7,26 @@ namespace sparse_mla::sm90 {
 constexpr int kHeadsPerCta = 64;   // one CTA: one query token x 64 heads (rows past h_q are masked)
 constexpr int kSlotsPerTile = 64;  // topk slots gathered per main-loop step
 constexpr int kDv = 512;
-constexpr int kWarps = 8;          // 4 head groups of 16 rows x 2 halves of d_v
+constexpr int kHeadGroups = 4;     // 16 heads each
+constexpr int kWarps = 8;          // each head group: 2 warps, each half of the slots for S, half of d_v for O
 constexpr int kThreads = kWarps * 32;
-constexpr int kRowPad = 16;        // bytes added to each fp8 row: conflict-free 4-byte fragment loads
-constexpr int kVtPad = 8;          // halves added to each transposed-V row: conflict-free ldmatrix
+constexpr int kKvStages = 2;       // kv tiles in flight: the next tile's gather overlaps this tile's math
+constexpr int kSlotTables = 3;     // kv row per slot for tiles i (softmax), i + 1 (gather), i + 2 (filled)
+constexpr int kRowPad = 16;        // bytes added to each fp8 row: conflict-free ldmatrix
+constexpr int kHalfPad = 8;        // halves added to each fp16 row (V^T, P): conflict-free ldmatrix
 
 constexpr int fp8_row_bytes(int d_qk) { return d_qk + kRowPad; }
-constexpr int vt_row_halves() { return kSlotsPerTile + kVtPad; }
+constexpr int half_row() { return kSlotsPerTile + kHalfPad; }
 
-// Shared memory: Q tile, K tile (fp8), V^T tile (fp16), per-slot kv row and logit bias.
+// Shared memory: Q tile, kKvStages kv tiles (fp8), V^T (fp16), P per head group (fp16), the slot
+// tables, and the row max / row sum each warp hands to the other warp of its pair.
 constexpr int q_smem_offset(int) { return 0; }
-constexpr int k_smem_offset(int d_qk) { return kHeadsPerCta * fp8_row_bytes(d_qk); }
-constexpr int vt_smem_offset(int d_qk) { return k_smem_offset(d_qk) + kSlotsPerTile * fp8_row_bytes(d_qk); }
-constexpr int slot_smem_offset(int d_qk) { return vt_smem_offset(d_qk) + kDv * vt_row_halves() * 2; }
-constexpr int smem_bytes(int d_qk) { return slot_smem_offset(d_qk) + kSlotsPerTile * (4 + 4); }
+constexpr int kv_smem_offset(int d_qk) { return kHeadsPerCta * fp8_row_bytes(d_qk); }
+constexpr int vt_smem_offset(int d_qk) { return kv_smem_offset(d_qk) + kKvStages * kSlotsPerTile * fp8_row_bytes(d_qk); }
+constexpr int p_smem_offset(int d_qk) { return vt_smem_offset(d_qk) + kDv * half_row() * 2; }
+constexpr int slots_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * half_row() * 2; }
+constexpr int pair_smem_offset(int d_qk) { return slots_smem_offset(d_qk) + kSlotTables * kSlotsPerTile * 4; }
+constexpr int smem_bytes(int d_qk) { return pair_smem_offset(d_qk) + kWarps * 16 * 4; }
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 

@@ -1,14 +1,16 @@
 // The SM90 FP8 sparse MLA prefill kernel, one template for every QK head dim.
 //
-// One CTA computes one query token for 64 heads. Eight warps: warp w owns the 16 heads
-// (w % 4) * 16.. and the half (w / 4) of d_v. Per tile of 64 topk slots:
-//   1. the slots' kv rows are gathered into shared memory (invalid slots: zero rows, -inf bias);
+// One CTA computes one query token for 64 heads. Eight warps in 4 head groups of 16 heads; the two
+// warps of a group split each tile's slots for S and the columns of d_v for O. Per tile of 64 slots:
+//   1. the next tile's kv rows are gathered (cp.async) while this tile is computed; invalid slots
+//      become zero rows with a -inf logit, and are never read;
 //   2. the V part is converted to fp16 and transposed, because the tensor cores want the slot
 //      dimension contiguous for P.V;
-//   3. S = Q K^T with FP8 mma.sync (m16n8k32); each 32-wide K step starts from zero and is added
-//      into fp32 registers, since the tensor core's own FP8 accumulation keeps too few bits for lse;
-//   4. online softmax in base 2; P (fp16, in [0, 1]) times V^T with fp16 mma.sync into fp32 O.
-// Both warps of a head group compute the same S: cheaper to write than a shared-memory exchange.
+//   3. S = Q K^T with FP8 mma.sync (m16n8k32) on the warp's 32 slots; each 32-wide K step starts from
+//      zero and is added into fp32 registers, since the tensor core's own FP8 accumulation keeps too
+//      few bits for lse;
+//   4. online softmax in base 2, the row max exchanged within the pair; P (fp16, in [0, 1]) goes
+//      through shared memory so that each warp multiplies all 64 slots by its half of V^T.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,7 +43,20 @@ __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, 
     }
 }
 
-__device__ inline uint32_t load_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// ldmatrix of four 8x8 b16 matrices; for fp8 rows the fragment layout is that of mma.m16n8k32.
+__device__ inline void ldsm_x4(const void* p, uint32_t (&r)[4]) {
+    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), r[0], r[1], r[2], r[3]);
+}
+
+// The two warps of a head group meet here; bar 0 is __syncthreads.
+__device__ inline void pair_barrier(int head_group) {
+    asm volatile("bar.sync %0, 64;" ::"r"(1 + head_group) : "memory");
+}
+
+__device__ inline uint32_t e4m3x2_to_half2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
 
 __device__ inline uint32_t pack_half2(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
@@ -61,22 +76,25 @@ __device__ inline float quad_sum(float x) {
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     static_assert(D % 32 == 0 && D >= kDv, "d_qk must be a multiple of 32 and hold d_v");
-    constexpr int kChunks = D / 16;
+    constexpr int kChunks = D / 16;                  // 16-byte chunks of an fp8 row
     constexpr int kRow = fp8_row_bytes(D);
-    constexpr int kVtRow = vt_row_halves();
-    constexpr int kSTiles = kSlotsPerTile / 8;      // n8 tiles of S per warp
-    constexpr int kOTiles = kDv / 2 / 8;            // n8 tiles of O per warp
+    constexpr int kHalfRow = half_row();
+    constexpr int kSTiles = kSlotsPerTile / 2 / 8;  // n8 tiles of S per warp: its half of the slots
+    constexpr int kOTiles = kDv / 2 / 8;            // n8 tiles of O per warp: its half of d_v
 
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* q_s = smem + q_smem_offset(D);
-    uint8_t* k_s = smem + k_smem_offset(D);
+    uint8_t* kv_s = smem + kv_smem_offset(D);
     uint16_t* vt_s = reinterpret_cast<uint16_t*>(smem + vt_smem_offset(D));
-    int32_t* slot_row = reinterpret_cast<int32_t*>(smem + slot_smem_offset(D));
-    float* slot_bias = reinterpret_cast<float*>(slot_row + kSlotsPerTile);
+    uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + p_smem_offset(D));
+    // kv row of each slot, -1 where the slot is invalid
+    auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + slots_smem_offset(D));
+    float* pair_s = reinterpret_cast<float*>(smem + pair_smem_offset(D));
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int gid = lane / 4, tig = lane % 4;
-    const int head_group = warp % 4, dv_half = warp / 4;
+    const int head_group = warp % kHeadGroups, half = warp / kHeadGroups;
+    const int partner = warp ^ kHeadGroups;
     const int64_t n_head_blocks = head_blocks(p.h_q);
     const int64_t t = blockIdx.x / n_head_blocks;
     const int64_t head0 = (blockIdx.x % n_head_blocks) * kHeadsPerCta;
@@ -90,6 +108,26 @@ __device__ void prefill(const SparseMlaParams& p) {
         const int64_t len = p.topk_length[t * p.topk_length_stride];
         n_slots = len < 0 ? 0 : (len < p.topk ? len : p.topk);
     }
+    const int64_t n_tiles = (n_slots + kSlotsPerTile - 1) / kSlotsPerTile;
+    const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+
+    auto fill_slot_table = [&](int64_t tile) {
+        if (tid < kSlotsPerTile && tile < n_tiles) {
+            const int64_t slot = tile * kSlotsPerTile + tid;
+            const int32_t j = slot < n_slots ? idx_row[slot] : -1;
+            slot_rows[tile % kSlotTables][tid] = j >= 0 && j < p.s_kv ? j : -1;
+        }
+    };
+    auto gather = [&](int64_t tile) {
+        const int32_t* rows = slot_rows[tile % kSlotTables];
+        uint8_t* dst = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
+        for (int u = tid; u < kSlotsPerTile * kChunks; u += kThreads) {
+            const int r = u / kChunks, c = u % kChunks;
+            const int32_t j = rows[r];
+            const uint8_t* src = j >= 0 ? p.kv + j * p.kv_stride_s + c * 16 : p.kv;
+            copy_chunk(dst + r * kRow + c * 16, src, j >= 0, p.rows_16b_aligned);
+        }
+    };
 
     for (int u = tid; u < kHeadsPerCta * kChunks; u += kThreads) {
         const int r = u / kChunks, c = u % kChunks;
@@ -97,75 +135,88 @@ __device__ void prefill(const SparseMlaParams& p) {
         const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
         copy_chunk(q_s + r * kRow + c * 16, src, valid, p.rows_16b_aligned);
     }
+    fill_slot_table(0);
+    fill_slot_table(1);
+    __syncthreads();
+    if (n_tiles > 0) gather(0);
 
     float o[kOTiles][4];
     for (int j = 0; j < kOTiles; ++j)
         for (int i = 0; i < 4; ++i) o[j][i] = 0.f;
     float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // base-2 logits of rows gid and gid + 8
-    float row_sum[2] = {0.f, 0.f};                       // this thread's share, reduced at the end
+    float row_sum[2] = {0.f, 0.f};                       // over this thread's slots, reduced at the end
 
-    const int32_t* idx_row = p.indices + t * p.indices_stride_s;
-    for (int64_t slot0 = 0; slot0 < n_slots; slot0 += kSlotsPerTile) {
-        if (tid < kSlotsPerTile) {
-            const int64_t slot = slot0 + tid;
-            const int32_t j = slot < n_slots ? idx_row[slot] : -1;
-            const bool valid = j >= 0 && j < p.s_kv;
-            slot_row[tid] = valid ? j : -1;
-            slot_bias[tid] = valid ? 0.f : -CUDART_INF_F;
-        }
-        __syncthreads();
+    // Fragment addresses of this lane for ldmatrix: Q (A of QK^T), kv rows (B), P (A of P.V), V^T (B).
+    const int quad = lane / 8, row8 = lane % 8;
+    const uint8_t* q_lane = q_s + (head_group * 16 + (quad % 2) * 8 + row8) * kRow + (quad / 2) * 16;
+    const int k_lane = (half * (kSlotsPerTile / 2) + (quad / 2) * 8 + row8) * kRow + (quad % 2) * 16;
+    const uint16_t* p_group = p_s + head_group * 16 * kHalfRow;
+    const uint16_t* p_lane = p_group + ((quad % 2) * 8 + row8) * kHalfRow + (quad / 2) * 8;
+    const uint16_t* vt_lane = vt_s + (half * (kDv / 2) + (quad / 2) * 8 + row8) * kHalfRow + (quad % 2) * 8;
 
-        for (int u = tid; u < kSlotsPerTile * kChunks; u += kThreads) {
-            const int r = u / kChunks, c = u % kChunks;
-            const int32_t j = slot_row[r];
-            const uint8_t* src = j >= 0 ? p.kv + j * p.kv_stride_s + c * 16 : p.kv;
-            copy_chunk(k_s + r * kRow + c * 16, src, j >= 0, p.rows_16b_aligned);
-        }
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
         cute::cp_async_wait<0>();
-        __syncthreads();
+        __syncthreads();  // this tile's rows have landed; everyone is done with the previous tile
+        if (tile + 1 < n_tiles) gather(tile + 1);
+        fill_slot_table(tile + 2);
+        const uint8_t* kv_tile = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
+        const int32_t* rows = slot_rows[tile % kSlotTables];
 
-        for (int u = tid; u < kSlotsPerTile * (kDv / 4); u += kThreads) {
-            const int s = u % kSlotsPerTile, c = (u / kSlotsPerTile) * 4;
-            const uint32_t four = load_u32(k_s + s * kRow + c);
-            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(four & 0xffffu, __NV_E4M3);
-            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(four >> 16, __NV_E4M3);
-            vt_s[(c + 0) * kVtRow + s] = lo.x;
-            vt_s[(c + 1) * kVtRow + s] = lo.y;
-            vt_s[(c + 2) * kVtRow + s] = hi.x;
-            vt_s[(c + 3) * kVtRow + s] = hi.y;
+        // V^T in fp16: each unit is two adjacent slots x 16 columns, stored as slot pairs.
+        for (int u = tid; u < (kSlotsPerTile / 2) * (kDv / 16); u += kThreads) {
+            const int pair = u % (kSlotsPerTile / 2), c = (u / (kSlotsPerTile / 2)) * 16;
+            const uint4 a = *reinterpret_cast<const uint4*>(kv_tile + 2 * pair * kRow + c);
+            const uint4 b = *reinterpret_cast<const uint4*>(kv_tile + (2 * pair + 1) * kRow + c);
+            const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+            uint32_t* dst = reinterpret_cast<uint32_t*>(vt_s + c * kHalfRow + 2 * pair);
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {  // two columns per step
+                const uint32_t ha = e4m3x2_to_half2(wa[w / 2] >> (16 * (w % 2)));
+                const uint32_t hb = e4m3x2_to_half2(wb[w / 2] >> (16 * (w % 2)));
+                dst[(2 * w) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x5410);
+                dst[(2 * w + 1) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x7632);
+            }
         }
-        __syncthreads();
 
-        // S = Q K^T for this warp's 16 heads and the tile's 64 slots.
+        // S = Q K^T: this warp's 16 heads x its 32 slots.
         float s[kSTiles][4];
         for (int j = 0; j < kSTiles; ++j)
             for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
-        const uint8_t* q_w = q_s + (head_group * 16 + gid) * kRow + 4 * tig;
 #pragma unroll 2
         for (int k = 0; k < D; k += 32) {
-            const uint32_t a0 = load_u32(q_w + k), a1 = load_u32(q_w + 8 * kRow + k);
-            const uint32_t a2 = load_u32(q_w + k + 16), a3 = load_u32(q_w + 8 * kRow + k + 16);
+            uint32_t a[4];
+            ldsm_x4(q_lane + k, a);
 #pragma unroll
-            for (int j = 0; j < kSTiles; ++j) {
-                const uint8_t* k_r = k_s + (8 * j + gid) * kRow + 4 * tig + k;
-                float d[4];
-                cute::SM89_16x8x32_F32E4M3E4M3F32_TN::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3,
-                                                          load_u32(k_r), load_u32(k_r + 16),
-                                                          0.f, 0.f, 0.f, 0.f);
-                for (int i = 0; i < 4; ++i) s[j][i] += d[i];
+            for (int jp = 0; jp < kSTiles / 2; ++jp) {
+                uint32_t b[4];
+                ldsm_x4(kv_tile + k_lane + jp * 16 * kRow + k, b);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float d[4];
+                    cute::SM89_16x8x32_F32E4M3E4M3F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
+                                                              b[2 * h], b[2 * h + 1], 0.f, 0.f, 0.f, 0.f);
+                    for (int i = 0; i < 4; ++i) s[2 * jp + h][i] += d[i];
+                }
             }
         }
 
-        // Online softmax, base 2. Element i of tile j is row gid + 8 * (i / 2), slot 8j + 2 tig + i % 2.
+        // Online softmax, base 2. Element i of tile j: row gid + 8 (i / 2), slot 32 half + 8 j + 2 tig + i % 2.
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
         for (int j = 0; j < kSTiles; ++j)
             for (int i = 0; i < 4; ++i) {
-                s[j][i] = s[j][i] * logit_scale + slot_bias[8 * j + 2 * tig + i % 2];
+                const int slot = half * (kSlotsPerTile / 2) + 8 * j + 2 * tig + i % 2;
+                s[j][i] = rows[slot] >= 0 ? s[j][i] * logit_scale : -CUDART_INF_F;
                 tile_max[i / 2] = fmaxf(tile_max[i / 2], s[j][i]);
             }
+        for (int r = 0; r < 2; ++r) {
+            tile_max[r] = quad_max(tile_max[r]);
+            if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = tile_max[r];
+        }
+        __syncthreads();  // V^T complete; the pair's tile maxima posted
         float shift[2];
         for (int r = 0; r < 2; ++r) {
-            const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // fmaxf is symmetric, so both warps of the pair get the same maximum bit for bit.
+            const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], pair_s[partner * 16 + gid + 8 * r]));
             shift[r] = new_max == -CUDART_INF_F ? 0.f : new_max;  // all slots so far invalid
             const float alpha = exp2f(row_max[r] - shift[r]);
             row_max[r] = new_max;
@@ -175,53 +226,59 @@ __device__ void prefill(const SparseMlaParams& p) {
                 o[j][2 * r + 1] *= alpha;
             }
         }
-        for (int j = 0; j < kSTiles; ++j)
+        for (int j = 0; j < kSTiles; ++j) {
             for (int i = 0; i < 4; ++i) {
                 s[j][i] = exp2f(s[j][i] - shift[i / 2]);
                 row_sum[i / 2] += s[j][i];
             }
+            const int col = half * (kSlotsPerTile / 2) + 8 * j + 2 * tig;
+            uint32_t* p_row = reinterpret_cast<uint32_t*>(p_s + (head_group * 16 + gid) * kHalfRow + col);
+            p_row[0] = pack_half2(s[j][0], s[j][1]);
+            p_row[8 * kHalfRow / 2] = pack_half2(s[j][2], s[j][3]);
+        }
+        pair_barrier(head_group);  // the pair's P is complete
 
-        // O += P V: A fragments straight from the S registers, B fragments by ldmatrix from V^T.
+        // O += P V: all 64 slots of P, this warp's half of V^T.
 #pragma unroll
         for (int kk = 0; kk < kSlotsPerTile / 16; ++kk) {
-            const uint32_t a0 = pack_half2(s[2 * kk][0], s[2 * kk][1]);
-            const uint32_t a1 = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const int mat = lane / 8;
-            const uint16_t* vt_lane = vt_s + (dv_half * (kDv / 2) + (mat / 2) * 8 + lane % 8) * kVtRow
-                                      + kk * 16 + (mat % 2) * 8;
+            uint32_t a[4];
+            ldsm_x4(p_lane + kk * 16, a);
 #pragma unroll
             for (int np = 0; np < kOTiles / 2; ++np) {
                 uint32_t b[4];
-                cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(vt_lane + np * 16 * kVtRow),
-                                              b[0], b[1], b[2], b[3]);
+                ldsm_x4(vt_lane + np * 16 * kHalfRow + kk * 16, b);
                 for (int h = 0; h < 2; ++h) {
                     float* acc = o[2 * np + h];
-                    cute::SM80_16x8x16_F32F16F16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a0, a1, a2, a3,
+                    cute::SM80_16x8x16_F32F16F16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3],
                                                             b[2 * h], b[2 * h + 1],
                                                             acc[0], acc[1], acc[2], acc[3]);
                 }
             }
         }
-        __syncthreads();  // the next tile overwrites k_s, vt_s and the slot table
     }
     cute::cp_async_wait<0>();  // Q copies are still in flight when no tile ran
 
+    // Row sums: each warp of the pair holds its own slots' share; add them in a fixed order.
+    __syncthreads();
+    for (int r = 0; r < 2; ++r) {
+        row_sum[r] = quad_sum(row_sum[r]);
+        if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = row_sum[r];
+    }
+    pair_barrier(head_group);
     for (int r = 0; r < 2; ++r) {
         const int64_t h = head0 + head_group * 16 + gid + 8 * r;
-        const float sum = quad_sum(row_sum[r]);
         if (h >= p.h_q) continue;
+        const float sum = pair_s[head_group * 16 + gid + 8 * r] + pair_s[(head_group + kHeadGroups) * 16 + gid + 8 * r];
         const bool empty = row_max[r] == -CUDART_INF_F;
         float denom = sum;
         if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_max[r]);
         const float o_scale = empty ? 0.f : kv_scale / denom;
-        uint16_t* out = p.out + t * p.out_stride_s + h * p.out_stride_h + dv_half * (kDv / 2) + 2 * tig;
+        uint16_t* out = p.out + t * p.out_stride_s + h * p.out_stride_h + half * (kDv / 2) + 2 * tig;
         for (int j = 0; j < kOTiles; ++j) {
             const __nv_bfloat162 v = __floats2bfloat162_rn(o[j][2 * r] * o_scale, o[j][2 * r + 1] * o_scale);
             *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = v;
         }
-        if (dv_half == 0 && tig == 0) {
+        if (half == 0 && tig == 0) {
             p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] =
                 empty ? -CUDART_INF_F : row_max[r] * kLn2;
             p.lse[t * p.lse_stride_s + h * p.lse_stride_h] =
