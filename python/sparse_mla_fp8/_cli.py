@@ -223,19 +223,21 @@ def _bench_shape(torch, shape, iters):
     return _event_median_us(torch, call, iters), len(sets)
 
 
-def _host_overhead_us(torch, d_qk, calls=1000, passes=3):
-    """Per prefill() call, allocation included, on a shape whose kernel is the smallest there is:
-    the host time to issue the calls, and the wall time until they are done (best of `passes`, as
-    other processes disturb single passes). When the two differ, the GPU set the pace."""
+def _host_overhead_us(torch, d_qk, allocate, calls=1000, passes=3):
+    """Per prefill() call, on a shape whose kernel is the smallest there is, with the outputs
+    allocated by prefill() or given by the caller: the host time to issue the calls, and the wall
+    time until they are done (best of `passes`, as other processes disturb single passes). When the
+    two differ, the GPU set the pace."""
     q, kv, indices = _torch_inputs(torch, 1, 1, 1, d_qk, 1, "cuda")
+    outputs = {} if allocate else dict(zip(("out", "max_logits", "lse"), prefill(q, kv, indices, 1.0)))
     for _ in range(10):
-        prefill(q, kv, indices, 1.0)
+        prefill(q, kv, indices, 1.0, **outputs)
     best = None
     for _ in range(passes):
         torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(calls):
-            prefill(q, kv, indices, 1.0)
+            prefill(q, kv, indices, 1.0, **outputs)
         issued = time.perf_counter()
         torch.cuda.synchronize()
         figures = (1e6 * (issued - start) / calls, 1e6 * (time.perf_counter() - start) / calls)
@@ -284,14 +286,17 @@ def bench(args):
         extra = f"{flashmla:>17} {flashmla / us:>7.2f}x {goal:>8}" if flashmla else ""
         print(f"{label:<30} {us:>8.1f} {tflops:>8.1f} {tflops / gemm:>11.2f} {extra}")
         torch.cuda.empty_cache()
-    issue, wall = _host_overhead_us(torch, smallest)
-    print(f"host overhead per prefill() call (s_q=1, h_q=1, topk=1, outputs allocated, best of 3 x 1000 calls): "
-          f"{issue:.1f} µs to issue, {wall:.1f} µs until done")
+    overhead = {}
+    for allocate in (False, True):
+        issue, wall = _host_overhead_us(torch, smallest, allocate)
+        outputs = "outputs allocated" if allocate else "outputs given"
+        overhead[outputs] = {"issue_us": issue, "wall_us": wall}
+        print(f"host overhead per prefill() call (s_q=1, h_q=1, topk=1, {outputs}, best of 3 x 1000 calls): "
+              f"{issue:.1f} µs to issue, {wall:.1f} µs until done")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "torch": torch.__version__, "version": __version__, "iters": args.iters,
-                       "fp8_gemm_tflops": gemm, "shapes": rows, "host_issue_us_per_call": issue,
-                       "host_wall_us_per_call": wall}, f, indent=2)
+                       "fp8_gemm_tflops": gemm, "shapes": rows, "host_overhead_per_call": overhead}, f, indent=2)
     return 0
 
 
