@@ -147,8 +147,8 @@ SparseMlaParams make_params(const PrefillArgs& a, Device* device) {
     require_shape(a.indices, "indices", {s_q, 1, topk});
     if (h_q < 1) throw nb::value_error("h_q must be >= 1, got 0");
     if (topk < 1) throw nb::value_error("topk must be >= 1, got 0");
-    if (d_qk < sparse_mla::sm90::kDv || d_qk % 64 != 0)
-        throw nb::value_error(("d_qk must be a multiple of 64 and >= 512, got " + std::to_string(d_qk)).c_str());
+    if (d_qk < sparse_mla::sm90::kDv || d_qk % 32 != 0)
+        throw nb::value_error(("d_qk must be a multiple of 32 and >= 512, got " + std::to_string(d_qk)).c_str());
     require_shape(a.out, "out", {s_q, h_q, sparse_mla::sm90::kDv});
     require_shape(a.max_logits, "max_logits", {s_q, h_q});
     require_shape(a.lse, "lse", {s_q, h_q});

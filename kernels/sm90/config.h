@@ -7,22 +7,26 @@ namespace sparse_mla::sm90 {
 constexpr int kHeadsPerCta = 64;   // one CTA: one query token x 64 heads (rows past h_q are masked)
 constexpr int kSlotsPerTile = 64;  // topk slots gathered per main-loop step
 constexpr int kDv = 512;
-constexpr int kWarpgroups = 2;     // each: half of the slots for S = QK^T, half of d_v for O += PV
-constexpr int kThreads = kWarpgroups * 128;
+constexpr int kHeadGroups = 4;     // 16 heads each
+constexpr int kWarps = 8;          // each head group: 2 warps, each half of the slots for S, half of d_v for O
+constexpr int kThreads = kWarps * 32;
 constexpr int kKvStages = 2;       // kv tiles in flight: the next tile's gather overlaps this tile's math
 constexpr int kSlotTables = 3;     // kv row per slot for tiles i (softmax), i + 1 (gather), i + 2 (filled)
+constexpr int kRowPad = 16;        // bytes added to each fp8 row: conflict-free ldmatrix
+constexpr int kHalfPad = 8;        // halves added to each fp16 row (V^T, P): conflict-free ldmatrix
 
-// Shared memory, every tile 1024-byte aligned for the wgmma swizzles: Q and kKvStages kv tiles (fp8,
-// K-major), V (fp16, MN-major), P (fp16, K-major), the slot tables, and the per-row values (max,
-// sum) each warpgroup hands to the other.
+constexpr int fp8_row_bytes(int d_qk) { return d_qk + kRowPad; }
+constexpr int half_row() { return kSlotsPerTile + kHalfPad; }
+
+// Shared memory: Q tile, kKvStages kv tiles (fp8), V^T (fp16), P per head group (fp16), the slot
+// tables, and the row max / row sum each warp hands to the other warp of its pair.
 constexpr int q_smem_offset(int) { return 0; }
-constexpr int kv_tile_bytes(int d_qk) { return kSlotsPerTile * d_qk; }
-constexpr int kv_smem_offset(int d_qk) { return kHeadsPerCta * d_qk; }
-constexpr int v_smem_offset(int d_qk) { return kv_smem_offset(d_qk) + kKvStages * kv_tile_bytes(d_qk); }
-constexpr int p_smem_offset(int d_qk) { return v_smem_offset(d_qk) + kDv * kSlotsPerTile * 2; }
-constexpr int slots_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * kSlotsPerTile * 2; }
-constexpr int rows_smem_offset(int d_qk) { return slots_smem_offset(d_qk) + kSlotTables * kSlotsPerTile * 4; }
-constexpr int smem_bytes(int d_qk) { return rows_smem_offset(d_qk) + kWarpgroups * kHeadsPerCta * 4; }
+constexpr int kv_smem_offset(int d_qk) { return kHeadsPerCta * fp8_row_bytes(d_qk); }
+constexpr int vt_smem_offset(int d_qk) { return kv_smem_offset(d_qk) + kKvStages * kSlotsPerTile * fp8_row_bytes(d_qk); }
+constexpr int p_smem_offset(int d_qk) { return vt_smem_offset(d_qk) + kDv * half_row() * 2; }
+constexpr int slots_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * half_row() * 2; }
+constexpr int pair_smem_offset(int d_qk) { return slots_smem_offset(d_qk) + kSlotTables * kSlotsPerTile * 4; }
+constexpr int smem_bytes(int d_qk) { return pair_smem_offset(d_qk) + kWarps * 16 * 4; }
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 
