@@ -78,6 +78,12 @@ def _runs_on(spec_arch, gpu):
     return spec_arch is not None and spec_arch[3:].rstrip("af") == f"{gpu['major']}{gpu['minor']}"
 
 
+def _cmake_arch(gpu):
+    # From Hopper on, wgmma and friends exist only in the arch-specific target ("90a").
+    suffix = "a" if gpu["major"] >= 9 else ""
+    return f"{gpu['major']}{gpu['minor']}{suffix}"
+
+
 def _no_kernel(index, d_qk, gpu):
     compiled = {}
     for s in _specializations():
@@ -88,7 +94,7 @@ def _no_kernel(index, d_qk, gpu):
     return ValueError(
         f"{_OP} has no kernel for d_qk={d_qk} on cuda:{index} ({gpu['name']}, {arch_of(gpu)}): "
         f"this build has {built or 'no GPU kernels (CPU-only build, no CUDA compiler found)'}; "
-        f"build it with: cmake -B build -DCMAKE_CUDA_ARCHITECTURES={gpu['major']}{gpu['minor']}a "
+        f"build it with: cmake -B build -DCMAKE_CUDA_ARCHITECTURES={_cmake_arch(gpu)} "
         f'-DSPARSE_MLA_HEAD_DIMS="{dims}"')
 
 
