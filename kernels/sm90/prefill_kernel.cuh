@@ -7,8 +7,8 @@
 //   2. the V part is converted to fp16 and transposed, because the tensor cores want the slot
 //      dimension contiguous for P.V;
 //   3. S = Q K^T with FP8 mma.sync (m16n8k32) on the warp's 32 slots; each 32-wide K step starts from
-//      zero and is added into fp32 registers, since the tensor core's own FP8 accumulation keeps too
-//      few bits for lse;
+//      zero and is added into fp32 registers (sm_90a runs this instruction as fp16 HMMAs, which sum
+//      exactly; FP8 wgmma does not, see PERF.md);
 //   4. online softmax in base 2, the row max exchanged within the pair; P (fp16, in [0, 1]) goes
 //      through shared memory so that each warp multiplies all 64 slots by its half of V^T.
 #pragma once
