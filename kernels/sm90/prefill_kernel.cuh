@@ -1,11 +1,13 @@
 // The SM90 FP8 sparse MLA prefill kernel, one template for every QK head dim.
 //
-// One CTA computes one query token for 64 heads. Eight warps in 4 head groups of 16 heads; the two
-// warps of a group split each tile's slots for S and the columns of d_v for O. Per tile of 64 slots:
-//   1. the next tile's kv rows are gathered (cp.async) while this tile is computed; invalid slots
-//      become zero rows with a -inf logit, and are never read;
-//   2. the V part is converted to fp16 and transposed, because the tensor cores want the slot
-//      dimension contiguous for P.V;
+// One CTA computes one query token for 64 heads. A producer warpgroup and eight consumer warps in 4
+// head groups of 16 heads; the two warps of a group split each tile's slots for S and the columns of
+// d_v for O. They meet on named barriers (kv tile full/empty per stage, V^T full/empty). Per tile of
+// 64 slots:
+//   1. the producer gathers the kv rows (cp.async) two tiles ahead; invalid slots become zero rows
+//      with a -inf logit, and are never read;
+//   2. the producer converts the V part to fp16 and transposes it, because the tensor cores want the
+//      slot dimension contiguous for P.V, while the consumers compute the next tile's S;
 //   3. S = Q K^T with FP8 mma.sync (m16n8k32) on the warp's 32 slots; each 32-wide K step starts from
 //      zero and is added into fp32 registers (sm_90a runs this instruction as fp16 HMMAs, which sum
 //      exactly; FP8 wgmma does not, see PERF.md);
@@ -48,9 +50,24 @@ __device__ inline void ldsm_x4(const void* p, uint32_t (&r)[4]) {
     cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), r[0], r[1], r[2], r[3]);
 }
 
-// The two warps of a head group meet here; bar 0 is __syncthreads.
-__device__ inline void pair_barrier(int head_group) {
-    asm volatile("bar.sync %0, 64;" ::"r"(1 + head_group) : "memory");
+// Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
+// arrives on "full" and waits on "empty", and the consumers, which do the opposite.
+enum Barrier : int {
+    kConsumersBar = 1,
+    kPairBar0 = 2,  // + head group: the two warps of a group
+    kKvFullBar0 = kPairBar0 + kHeadGroups,  // + stage
+    kKvEmptyBar0 = kKvFullBar0 + kKvStages,
+    kVtFullBar = kKvEmptyBar0 + kKvStages,
+    kVtEmptyBar,
+    kProducersBar,
+};
+static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
+
+__device__ inline void bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ inline uint32_t e4m3x2_to_half2(uint32_t two) {
@@ -91,10 +108,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + slots_smem_offset(D));
     float* pair_s = reinterpret_cast<float*>(smem + pair_smem_offset(D));
 
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int gid = lane / 4, tig = lane % 4;
-    const int head_group = warp % kHeadGroups, half = warp / kHeadGroups;
-    const int partner = warp ^ kHeadGroups;
+    const int tid = threadIdx.x;
     const int64_t n_head_blocks = head_blocks(p.h_q);
     const int64_t t = blockIdx.x / n_head_blocks;
     const int64_t head0 = (blockIdx.x % n_head_blocks) * kHeadsPerCta;
@@ -111,34 +125,87 @@ __device__ void prefill(const SparseMlaParams& p) {
     const int64_t n_tiles = (n_slots + kSlotsPerTile - 1) / kSlotsPerTile;
     const int32_t* idx_row = p.indices + t * p.indices_stride_s;
 
-    auto fill_slot_table = [&](int64_t tile) {
-        if (tid < kSlotsPerTile && tile < n_tiles) {
-            const int64_t slot = tile * kSlotsPerTile + tid;
-            const int32_t j = slot < n_slots ? idx_row[slot] : -1;
-            slot_rows[tile % kSlotTables][tid] = j >= 0 && j < p.s_kv ? j : -1;
+    if (tid >= kConsumerThreads) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+        const int ptid = tid - kConsumerThreads;
+        auto fill_slot_table = [&](int64_t tile) {
+            if (ptid < kSlotsPerTile) {
+                const int64_t slot = tile * kSlotsPerTile + ptid;
+                const int32_t j = slot < n_slots ? idx_row[slot] : -1;
+                slot_rows[tile % kSlotTables][ptid] = j >= 0 && j < p.s_kv ? j : -1;
+            }
+        };
+        auto gather = [&](int64_t tile) {
+            const int32_t* rows = slot_rows[tile % kSlotTables];
+            uint8_t* dst = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
+            for (int u = ptid; u < kSlotsPerTile * kChunks; u += kProducerThreads) {
+                const int r = u / kChunks, c = u % kChunks;
+                const int32_t j = rows[r];
+                const uint8_t* src = j >= 0 ? p.kv + j * p.kv_stride_s + c * 16 : p.kv;
+                copy_chunk(dst + r * kRow + c * 16, src, j >= 0, p.rows_16b_aligned);
+            }
+        };
+        // V^T in fp16: each unit is two adjacent slots x 16 columns, stored as slot pairs.
+        auto transpose_v = [&](int64_t tile) {
+            const uint8_t* kv_tile = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
+            for (int u = ptid; u < (kSlotsPerTile / 2) * (kDv / 16); u += kProducerThreads) {
+                const int pair = u % (kSlotsPerTile / 2), c = (u / (kSlotsPerTile / 2)) * 16;
+                const uint4 a = *reinterpret_cast<const uint4*>(kv_tile + 2 * pair * kRow + c);
+                const uint4 b = *reinterpret_cast<const uint4*>(kv_tile + (2 * pair + 1) * kRow + c);
+                const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+                uint32_t* dst = reinterpret_cast<uint32_t*>(vt_s + c * kHalfRow + 2 * pair);
+#pragma unroll
+                for (int w = 0; w < 8; ++w) {  // two columns per step
+                    const uint32_t ha = e4m3x2_to_half2(wa[w / 2] >> (16 * (w % 2)));
+                    const uint32_t hb = e4m3x2_to_half2(wb[w / 2] >> (16 * (w % 2)));
+                    dst[(2 * w) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x5410);
+                    dst[(2 * w + 1) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x7632);
+                }
+            }
+        };
+        // Tile i: gather i, then write V^T of tile i - 1 while the consumers compute S of tile i - 1.
+        // Every arrival of the consumers is waited for exactly once, also past the last tile.
+        for (int64_t tile = 0; tile < n_tiles; ++tile) {
+            const int stage = tile % kKvStages;
+            if (tile >= kKvStages) bar_sync(kKvEmptyBar0 + stage, kThreads);  // S of tile - 2 is done
+            fill_slot_table(tile);
+            bar_sync(kProducersBar, kProducerThreads);  // slot table written; tile - 1 landed everywhere
+            gather(tile);
+            if (tile >= 1) {
+                if (tile >= 2) bar_sync(kVtEmptyBar, kThreads);  // P.V of tile - 2 is done
+                transpose_v(tile - 1);
+                bar_arrive(kVtFullBar, kThreads);
+            }
+            cute::cp_async_wait<0>();
+            bar_arrive(kKvFullBar0 + stage, kThreads);
         }
-    };
-    auto gather = [&](int64_t tile) {
-        const int32_t* rows = slot_rows[tile % kSlotTables];
-        uint8_t* dst = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
-        for (int u = tid; u < kSlotsPerTile * kChunks; u += kThreads) {
-            const int r = u / kChunks, c = u % kChunks;
-            const int32_t j = rows[r];
-            const uint8_t* src = j >= 0 ? p.kv + j * p.kv_stride_s + c * 16 : p.kv;
-            copy_chunk(dst + r * kRow + c * 16, src, j >= 0, p.rows_16b_aligned);
+        if (n_tiles >= 1) {
+            bar_sync(kProducersBar, kProducerThreads);  // the last tile landed everywhere
+            if (n_tiles >= 2) bar_sync(kVtEmptyBar, kThreads);
+            transpose_v(n_tiles - 1);
+            bar_arrive(kVtFullBar, kThreads);
+            for (int64_t tile = n_tiles >= 2 ? n_tiles - 2 : 0; tile < n_tiles; ++tile)
+                bar_sync(kKvEmptyBar0 + tile % kKvStages, kThreads);
+            bar_sync(kVtEmptyBar, kThreads);
         }
-    };
+        return;
+    }
 
-    for (int u = tid; u < kHeadsPerCta * kChunks; u += kThreads) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    const int lane = tid % 32, warp = tid / 32;
+    const int gid = lane / 4, tig = lane % 4;
+    const int head_group = warp % kHeadGroups, half = warp / kHeadGroups;
+    const int partner = warp ^ kHeadGroups;
+    auto pair_barrier = [&] { bar_sync(kPairBar0 + head_group, 64); };
+
+    for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
         const int r = u / kChunks, c = u % kChunks;
         const bool valid = head0 + r < p.h_q;
         const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
         copy_chunk(q_s + r * kRow + c * 16, src, valid, p.rows_16b_aligned);
     }
-    fill_slot_table(0);
-    fill_slot_table(1);
-    __syncthreads();
-    if (n_tiles > 0) gather(0);
+    cute::cp_async_wait<0>();
+    bar_sync(kConsumersBar, kConsumerThreads);
 
     float o[kOTiles][4];
     for (int j = 0; j < kOTiles; ++j)
@@ -155,28 +222,10 @@ __device__ void prefill(const SparseMlaParams& p) {
     const uint16_t* vt_lane = vt_s + (half * (kDv / 2) + (quad / 2) * 8 + row8) * kHalfRow + (quad % 2) * 8;
 
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        cute::cp_async_wait<0>();
-        __syncthreads();  // this tile's rows have landed; everyone is done with the previous tile
-        if (tile + 1 < n_tiles) gather(tile + 1);
-        fill_slot_table(tile + 2);
-        const uint8_t* kv_tile = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
+        const int stage = tile % kKvStages;
+        bar_sync(kKvFullBar0 + stage, kThreads);
+        const uint8_t* kv_tile = kv_s + stage * kSlotsPerTile * kRow;
         const int32_t* rows = slot_rows[tile % kSlotTables];
-
-        // V^T in fp16: each unit is two adjacent slots x 16 columns, stored as slot pairs.
-        for (int u = tid; u < (kSlotsPerTile / 2) * (kDv / 16); u += kThreads) {
-            const int pair = u % (kSlotsPerTile / 2), c = (u / (kSlotsPerTile / 2)) * 16;
-            const uint4 a = *reinterpret_cast<const uint4*>(kv_tile + 2 * pair * kRow + c);
-            const uint4 b = *reinterpret_cast<const uint4*>(kv_tile + (2 * pair + 1) * kRow + c);
-            const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-            uint32_t* dst = reinterpret_cast<uint32_t*>(vt_s + c * kHalfRow + 2 * pair);
-#pragma unroll
-            for (int w = 0; w < 8; ++w) {  // two columns per step
-                const uint32_t ha = e4m3x2_to_half2(wa[w / 2] >> (16 * (w % 2)));
-                const uint32_t hb = e4m3x2_to_half2(wb[w / 2] >> (16 * (w % 2)));
-                dst[(2 * w) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x5410);
-                dst[(2 * w + 1) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x7632);
-            }
-        }
 
         // S = Q K^T: this warp's 16 heads x its 32 slots.
         float s[kSTiles][4];
@@ -199,6 +248,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 }
             }
         }
+        bar_arrive(kKvEmptyBar0 + stage, kThreads);
 
         // Online softmax, base 2. Element i of tile j: row gid + 8 (i / 2), slot 32 half + 8 j + 2 tig + i % 2.
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
@@ -212,7 +262,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             tile_max[r] = quad_max(tile_max[r]);
             if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = tile_max[r];
         }
-        __syncthreads();  // V^T complete; the pair's tile maxima posted
+        bar_sync(kConsumersBar, kConsumerThreads);  // the pair's tile maxima posted
         float shift[2];
         for (int r = 0; r < 2; ++r) {
             // fmaxf is symmetric, so both warps of the pair get the same maximum bit for bit.
@@ -236,7 +286,8 @@ __device__ void prefill(const SparseMlaParams& p) {
             p_row[0] = pack_half2(s[j][0], s[j][1]);
             p_row[8 * kHalfRow / 2] = pack_half2(s[j][2], s[j][3]);
         }
-        pair_barrier(head_group);  // the pair's P is complete
+        pair_barrier();  // the pair's P is complete
+        bar_sync(kVtFullBar, kThreads);
 
         // O += P V: all 64 slots of P, this warp's half of V^T.
 #pragma unroll
@@ -255,16 +306,16 @@ __device__ void prefill(const SparseMlaParams& p) {
                 }
             }
         }
+        bar_arrive(kVtEmptyBar, kThreads);
     }
-    cute::cp_async_wait<0>();  // Q copies are still in flight when no tile ran
 
     // Row sums: each warp of the pair holds its own slots' share; add them in a fixed order.
-    __syncthreads();
+    bar_sync(kConsumersBar, kConsumerThreads);
     for (int r = 0; r < 2; ++r) {
         row_sum[r] = quad_sum(row_sum[r]);
         if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = row_sum[r];
     }
-    pair_barrier(head_group);
+    pair_barrier();
     for (int r = 0; r < 2; ++r) {
         const int64_t h = head0 + head_group * 16 + gid + 8 * r;
         if (h >= p.h_q) continue;
