@@ -15,7 +15,7 @@ constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer gives registers to the math
 constexpr int kConsumerRegisters = 232;  // 128 x 40 + 256 x 232 <= 65536
 constexpr int kKvStages = 2;       // kv tiles in flight: the next tile's gather overlaps this tile's math
-constexpr int kSlotTables = 3;     // kv row per slot for tiles i (softmax), i + 1 (gather), i + 2 (filled)
+constexpr int kSlotTables = 3;     // kv row per slot: a table is read by the softmax after its kv stage is refilled
 constexpr int kRowPad = 16;        // bytes added to each fp8 row: conflict-free ldmatrix
 constexpr int kHalfPad = 8;        // halves added to each fp16 row (V^T, P): conflict-free ldmatrix
 

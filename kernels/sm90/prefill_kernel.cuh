@@ -4,7 +4,7 @@
 // head groups of 16 heads; the two warps of a group split each tile's slots for S and the columns of
 // d_v for O. They meet on named barriers (kv tile full/empty per stage, V^T full/empty). Per tile of
 // 64 slots:
-//   1. the producer gathers the kv rows (cp.async) two tiles ahead; invalid slots become zero rows
+//   1. the producer gathers the kv rows (cp.async) one tile ahead; invalid slots become zero rows
 //      with a -inf logit, and are never read;
 //   2. the producer converts the V part to fp16 and transposes it, because the tensor cores want the
 //      slot dimension contiguous for P.V, while the consumers compute the next tile's S;
