@@ -7,30 +7,30 @@ namespace sparse_mla::sm90 {
 constexpr int kHeadsPerCta = 64;   // one CTA: one query token x 64 heads (rows past h_q are masked)
 constexpr int kSlotsPerTile = 64;  // topk slots gathered per main-loop step
 constexpr int kDv = 512;
-constexpr int kHeadGroups = 4;     // 16 heads each
-constexpr int kConsumerWarps = 8;  // each head group: 2 warps, each half of the slots for S, half of d_v for O
-constexpr int kConsumerThreads = kConsumerWarps * 32;
-constexpr int kProducerThreads = 128;  // one warpgroup: gathers kv tiles and writes V^T
+constexpr int kConsumerWarpgroups = 2;  // each: half of the slots for S = QK^T, half of d_v for O += PV
+constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+constexpr int kProducerThreads = 128;   // one warpgroup: gathers kv tiles and converts them to fp16
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer gives registers to the math
-constexpr int kConsumerRegisters = 232;  // 128 x 40 + 256 x 232 <= 65536
-constexpr int kKvStages = 2;       // kv tiles in flight: the next tile's gather overlaps this tile's math
-constexpr int kSlotTables = 3;     // kv row per slot: a table is read by the softmax after its kv stage is refilled
-constexpr int kRowPad = 16;        // bytes added to each fp8 row: conflict-free ldmatrix
-constexpr int kHalfPad = 8;        // halves added to each fp16 row (V^T, P): conflict-free ldmatrix
+constexpr int kProducerRegisters = 56;   // setmaxnreg: the producer gives registers to the math
+constexpr int kConsumerRegisters = 224;  // 128 x 56 + 256 x 224 <= 65536
+constexpr int kKvBuffers = 2;      // fp16 kv tiles: the producer converts tile i + 1 while tile i is computed
+constexpr int kKStep = 16;         // K of one fp16 wgmma
+constexpr int kQkBatch = 4;        // K steps per wgmma batch of QK^T: their A registers are live together
 
-constexpr int fp8_row_bytes(int d_qk) { return d_qk + kRowPad; }
-constexpr int half_row() { return kSlotsPerTile + kHalfPad; }
-
-// Shared memory: Q tile, kKvStages kv tiles (fp8), V^T (fp16), P per head group (fp16), the slot
-// tables, and the row max / row sum each warp hands to the other warp of its pair.
-constexpr int q_smem_offset(int) { return 0; }
-constexpr int kv_smem_offset(int d_qk) { return kHeadsPerCta * fp8_row_bytes(d_qk); }
-constexpr int vt_smem_offset(int d_qk) { return kv_smem_offset(d_qk) + kKvStages * kSlotsPerTile * fp8_row_bytes(d_qk); }
-constexpr int p_smem_offset(int d_qk) { return vt_smem_offset(d_qk) + kDv * half_row() * 2; }
-constexpr int slots_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * half_row() * 2; }
-constexpr int pair_smem_offset(int d_qk) { return slots_smem_offset(d_qk) + kSlotTables * kSlotsPerTile * 4; }
-constexpr int smem_bytes(int d_qk) { return pair_smem_offset(d_qk) + kConsumerWarps * 16 * 4; }
+// Shared memory, each wgmma operand 1024-byte aligned for the 128-byte swizzle:
+//   kKvBuffers fp16 kv tiles [slot][d_qk], read as K (K-major) by QK^T and as V (MN-major) by P.V;
+//   the fp8 landing tile the gather writes into; Q in e4m3, in the order of the wgmma A fragments;
+//   P (fp16); the kv row of each slot and its validity per buffer; the per-row values (max, sum)
+//   each consumer warpgroup hands to the other.
+constexpr int kv16_tile_bytes(int d_qk) { return kSlotsPerTile * d_qk * 2; }
+constexpr int kv16_smem_offset(int) { return 0; }
+constexpr int landing_smem_offset(int d_qk) { return kKvBuffers * kv16_tile_bytes(d_qk); }
+constexpr int qfrag_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kSlotsPerTile * d_qk; }
+constexpr int p_smem_offset(int d_qk) { return qfrag_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
+constexpr int rows_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * kSlotsPerTile * 2; }
+constexpr int valid_smem_offset(int d_qk) { return rows_smem_offset(d_qk) + kKvBuffers * kSlotsPerTile * 4; }
+constexpr int share_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + kKvBuffers * kSlotsPerTile * 4; }
+constexpr int smem_bytes(int d_qk) { return share_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 4; }
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 

@@ -1,18 +1,17 @@
 // The SM90 FP8 sparse MLA prefill kernel, one template for every QK head dim.
 //
-// One CTA computes one query token for 64 heads. A producer warpgroup and eight consumer warps in 4
-// head groups of 16 heads; the two warps of a group split each tile's slots for S and the columns of
-// d_v for O. They meet on named barriers (kv tile full/empty per stage, V^T full/empty). Per tile of
-// 64 slots:
-//   1. the producer gathers the kv rows (cp.async) one tile ahead; invalid slots become zero rows
-//      with a -inf logit, and are never read;
-//   2. the producer converts the V part to fp16 and transposes it, because the tensor cores want the
-//      slot dimension contiguous for P.V, while the consumers compute the next tile's S;
-//   3. S = Q K^T with FP8 mma.sync (m16n8k32) on the warp's 32 slots; each 32-wide K step starts from
-//      zero and is added into fp32 registers (sm_90a runs this instruction as fp16 HMMAs, which sum
-//      exactly; FP8 wgmma does not, see PERF.md);
-//   4. online softmax in base 2, the row max exchanged within the pair; P (fp16, in [0, 1]) goes
-//      through shared memory so that each warp multiplies all 64 slots by its half of V^T.
+// One CTA computes one query token for 64 heads: a producer warpgroup and two consumer warpgroups,
+// meeting on named barriers (fp16 kv tile full/empty per buffer). Per tile of 64 topk slots:
+//   1. the producer gathers the e4m3 kv rows (cp.async, in two halves so that one half lands while
+//      the other is converted) into a landing tile; invalid slots become zero rows with a -inf logit;
+//   2. the producer converts the tile to fp16 once, into a 128-byte-swizzled [slot][d_qk] tile. Read
+//      K-major it is the B of QK^T; read MN-major (the same bytes) its first 512 columns are the B of
+//      P.V: no transpose. e4m3 -> fp16 is exact, and fp16 wgmma sums exactly in fp32, where FP8 wgmma
+//      does not (PERF.md: it misses the 1e-3 bound on lse and max_logits);
+//   3. S = Q K^T by fp16 wgmma, each consumer warpgroup on its 32 slots; Q stays in shared memory as
+//      e4m3 in the order of the A fragments and is converted in registers each K step;
+//   4. online softmax in base 2, the row maxima exchanged between the warpgroups; P (fp16, in [0, 1])
+//      goes through shared memory, and each warpgroup multiplies all 64 slots by its half of d_v.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,10 +19,9 @@
 #include <cuda_fp8.h>
 #include <math_constants.h>
 
-#include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
-#include <cute/arch/mma_sm80.hpp>
-#include <cute/arch/mma_sm89.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
 
 #include "params.h"
 #include "sm90/config.h"
@@ -32,6 +30,24 @@ namespace sparse_mla::sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+struct SmemLayouts {
+    using f16 = cute::half_t;
+    // A kv tile as K of QK^T: (slot, d_qk), d_qk contiguous.
+    using K = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<f16>{},
+                                           cute::Shape<cute::Int<kSlotsPerTile>, cute::Int<D>>{}));
+    // The same bytes as V of P.V: (d_v, slot), d_v contiguous; atoms along the slots first, as in K.
+    using V = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<f16>{},
+                                           cute::Shape<cute::Int<kDv>, cute::Int<kSlotsPerTile>>{},
+                                           cute::Step<cute::_2, cute::_1>{}));
+    using P = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<f16>{},
+                                           cute::Shape<cute::Int<kHeadsPerCta>, cute::Int<kSlotsPerTile>>{}));
+};
+
+using MmaQK = cute::SM90_64x32x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using MmaPV = decltype(cute::make_tiled_mma(
+    cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
 // 16 bytes of a row into shared memory; zeros when !valid, and then src is never dereferenced.
 __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, bool aligned) {
@@ -45,21 +61,13 @@ __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, 
     }
 }
 
-// ldmatrix of four 8x8 b16 matrices; for fp8 rows the fragment layout is that of mma.m16n8k32.
-__device__ inline void ldsm_x4(const void* p, uint32_t (&r)[4]) {
-    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), r[0], r[1], r[2], r[3]);
-}
-
 // Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
 // arrives on "full" and waits on "empty", and the consumers, which do the opposite.
 enum Barrier : int {
     kConsumersBar = 1,
-    kPairBar0 = 2,  // + head group: the two warps of a group
-    kKvFullBar0 = kPairBar0 + kHeadGroups,  // + stage
-    kKvEmptyBar0 = kKvFullBar0 + kKvStages,
-    kVtFullBar = kKvEmptyBar0 + kKvStages,
-    kVtEmptyBar,
-    kProducersBar,
+    kFullBar0,  // + buffer
+    kEmptyBar0 = kFullBar0 + kKvBuffers,
+    kProducersBar = kEmptyBar0 + kKvBuffers,
 };
 static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 
@@ -69,6 +77,9 @@ __device__ inline void bar_sync(int id, int threads) {
 __device__ inline void bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+
+// Generic-proxy writes to shared memory (st.shared) before wgmma reads them.
+__device__ inline void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ inline uint32_t e4m3x2_to_half2(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -90,23 +101,34 @@ __device__ inline float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// A wgmma accumulator or A fragment of a warpgroup: element i of a thread is row 16 warp + gid +
+// 8 ((i / 2) % 2), column 8 (i / 4) + 2 tig + i % 2 (per warp, the layout of mma.sync's m16n8 tiles).
+__device__ inline int acc_row(int i) { return (i / 2) % 2; }
+__device__ inline int acc_col(int i, int tig) { return 8 * (i / 4) + 2 * tig + i % 2; }
+
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
-    static_assert(D % 32 == 0 && D >= kDv, "d_qk must be a multiple of 32 and hold d_v");
-    constexpr int kChunks = D / 16;                  // 16-byte chunks of an fp8 row
-    constexpr int kRow = fp8_row_bytes(D);
-    constexpr int kHalfRow = half_row();
-    constexpr int kSTiles = kSlotsPerTile / 2 / 8;  // n8 tiles of S per warp: its half of the slots
-    constexpr int kOTiles = kDv / 2 / 8;            // n8 tiles of O per warp: its half of d_v
+    using namespace cute;
+    using L = SmemLayouts<D>;
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (128-byte fp16 rows) and hold d_v");
+    constexpr int kChunks = D / 16;          // 16-byte chunks of an e4m3 row
+    constexpr int kKSteps = D / kKStep;
+    constexpr int kHalfSlots = kSlotsPerTile / 2;
+    constexpr int kSlotsPerWg = kSlotsPerTile / kConsumerWarpgroups;
+    constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
+    static_assert(kKSteps % kQkBatch == 0, "QK^T K steps come in whole batches");
 
-    extern __shared__ __align__(128) uint8_t smem[];
-    uint8_t* q_s = smem + q_smem_offset(D);
-    uint8_t* kv_s = smem + kv_smem_offset(D);
-    uint16_t* vt_s = reinterpret_cast<uint16_t*>(smem + vt_smem_offset(D));
-    uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + p_smem_offset(D));
-    // kv row of each slot, -1 where the slot is invalid
-    auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + slots_smem_offset(D));
-    float* pair_s = reinterpret_cast<float*>(smem + pair_smem_offset(D));
+    extern __shared__ __align__(1024) uint8_t smem[];
+    auto kv16 = [&](int buffer) {
+        return reinterpret_cast<half_t*>(smem + kv16_smem_offset(D) + buffer * kv16_tile_bytes(D));
+    };
+    uint8_t* landing = smem + landing_smem_offset(D);
+    uint2* q_frag = reinterpret_cast<uint2*>(smem + qfrag_smem_offset(D));
+    Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(smem + p_smem_offset(D))), typename L::P{});
+    // kv row of each slot of the tiles being gathered (-1: invalid), and validity of each fp16 tile's slots
+    auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + rows_smem_offset(D));
+    auto slot_valid = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + valid_smem_offset(D));
+    auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
 
     const int tid = threadIdx.x;
     const int64_t n_head_blocks = head_blocks(p.h_q);
@@ -128,208 +150,243 @@ __device__ void prefill(const SparseMlaParams& p) {
     if (tid >= kConsumerThreads) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
         const int ptid = tid - kConsumerThreads;
-        auto fill_slot_table = [&](int64_t tile) {
-            if (ptid < kSlotsPerTile) {
-                const int64_t slot = tile * kSlotsPerTile + ptid;
-                const int32_t j = slot < n_slots ? idx_row[slot] : -1;
-                slot_rows[tile % kSlotTables][ptid] = j >= 0 && j < p.s_kv ? j : -1;
-            }
+        // A half tile is 32 rows of kChunks 16-byte chunks; a thread owns one row, and in it the
+        // chunks ptid % 4 + 4 m: 64 fp8 bytes apart in the landing row, one swizzle atom (64 fp16
+        // columns) apart in the fp16 tile, so that a single address per row serves every m.
+        constexpr int kThreadsPerRow = kProducerThreads / kHalfSlots;
+        constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
+        static_assert(kThreadsPerRow * 16 * 2 == 128, "a row's threads cover one 128-byte fp16 swizzle atom row");
+        const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
+        constexpr int kAtomColumn = typename L::K{}(0, 64);  // elements between fp16 atom columns
+
+        // Each row's kv index is loaded one tile ahead of its use, so the load's latency is hidden.
+        auto raw_index = [&](int64_t tile) {
+            const int64_t slot = tile * kSlotsPerTile + ptid;
+            return ptid < kSlotsPerTile && slot < n_slots ? idx_row[slot] : -1;
         };
-        auto gather = [&](int64_t tile) {
-            const int32_t* rows = slot_rows[tile % kSlotTables];
-            uint8_t* dst = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
-            for (int u = ptid; u < kSlotsPerTile * kChunks; u += kProducerThreads) {
-                const int r = u / kChunks, c = u % kChunks;
-                const int32_t j = rows[r];
-                const uint8_t* src = j >= 0 ? p.kv + j * p.kv_stride_s + c * 16 : p.kv;
-                copy_chunk(dst + r * kRow + c * 16, src, j >= 0, p.rows_16b_aligned);
-            }
+        auto set_slot_row = [&](int64_t tile, int32_t j) {
+            if (ptid < kSlotsPerTile) slot_rows[tile % kKvBuffers][ptid] = j >= 0 && j < p.s_kv ? j : -1;
         };
-        // V^T in fp16: each unit is two adjacent slots x 16 columns, stored as slot pairs.
-        auto transpose_v = [&](int64_t tile) {
-            const uint8_t* kv_tile = kv_s + (tile % kKvStages) * kSlotsPerTile * kRow;
-            for (int u = ptid; u < (kSlotsPerTile / 2) * (kDv / 16); u += kProducerThreads) {
-                const int pair = u % (kSlotsPerTile / 2), c = (u / (kSlotsPerTile / 2)) * 16;
-                const uint4 a = *reinterpret_cast<const uint4*>(kv_tile + 2 * pair * kRow + c);
-                const uint4 b = *reinterpret_cast<const uint4*>(kv_tile + (2 * pair + 1) * kRow + c);
-                const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-                uint32_t* dst = reinterpret_cast<uint32_t*>(vt_s + c * kHalfRow + 2 * pair);
+        auto gather_half = [&](int64_t tile, int half) {
+            const int slot = half * kHalfSlots + row;
+            const int32_t j = slot_rows[tile % kKvBuffers][slot];
+            uint8_t* dst = landing + slot * D + 16 * part;
+            const uint8_t* src = p.kv + (j >= 0 ? j * p.kv_stride_s + 16 * part : 0);
 #pragma unroll
-                for (int w = 0; w < 8; ++w) {  // two columns per step
-                    const uint32_t ha = e4m3x2_to_half2(wa[w / 2] >> (16 * (w % 2)));
-                    const uint32_t hb = e4m3x2_to_half2(wb[w / 2] >> (16 * (w % 2)));
-                    dst[(2 * w) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x5410);
-                    dst[(2 * w + 1) * (kHalfRow / 2)] = __byte_perm(ha, hb, 0x7632);
+            for (int m = 0; m < kChunksPerThread; ++m)
+                copy_chunk(dst + 64 * m, j >= 0 ? src + 64 * m : src, j >= 0, p.rows_16b_aligned);
+            cute::cp_async_fence();
+        };
+        auto convert_half = [&](int buffer, int half) {
+            const int slot = half * kHalfSlots + row;
+            Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
+            const uint8_t* src = landing + slot * D + 16 * part;
+            half_t* lo = &sK(slot, 16 * part);
+            half_t* hi = &sK(slot, 16 * part + 8);
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) {
+                const uint4 e4m3 = *reinterpret_cast<const uint4*>(src + 64 * m);
+                const uint32_t w[4] = {e4m3.x, e4m3.y, e4m3.z, e4m3.w};
+                uint32_t h[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) h[i] = e4m3x2_to_half2(w[i / 2] >> (16 * (i % 2)));
+                *reinterpret_cast<uint4*>(lo + m * kAtomColumn) = make_uint4(h[0], h[1], h[2], h[3]);
+                *reinterpret_cast<uint4*>(hi + m * kAtomColumn) = make_uint4(h[4], h[5], h[6], h[7]);
+            }
+        };
+
+        // The landing tile has two halves; a half of tile i + 1 is gathered as soon as the same half
+        // of tile i is converted. Every arrival of the consumers is waited for exactly once.
+        int32_t next_index = -1;  // of this thread's slot in the tile after the next
+        if (n_tiles > 0) {
+            set_slot_row(0, raw_index(0));
+            next_index = raw_index(1);
+            bar_sync(kProducersBar, kProducerThreads);
+            gather_half(0, 0);
+            gather_half(0, 1);
+        }
+        for (int64_t tile = 0; tile < n_tiles; ++tile) {
+            const int buffer = tile % kKvBuffers;
+            set_slot_row(tile + 1, next_index);
+            next_index = raw_index(tile + 2);
+            // buffer 1 first holds the consumers' Q rows; then P.V of tile - 2 reads it
+            if (tile >= 1) bar_sync(kEmptyBar0 + buffer, kThreads);
+            if (ptid < kSlotsPerTile) slot_valid[buffer][ptid] = slot_rows[buffer][ptid] >= 0;
+            for (int half = 0; half < 2; ++half) {
+                cute::cp_async_wait<1>();
+                bar_sync(kProducersBar, kProducerThreads);  // this half landed, from every thread
+                convert_half(buffer, half);
+                bar_sync(kProducersBar, kProducerThreads);  // this half read by every thread
+                if (tile + 1 < n_tiles) {
+                    gather_half(tile + 1, half);
+                } else {
+                    cute::cp_async_fence();  // an empty group keeps the wait counts uniform
                 }
             }
-        };
-        // Tile i: gather i, then write V^T of tile i - 1 while the consumers compute S of tile i - 1.
-        // Every arrival of the consumers is waited for exactly once, also past the last tile.
-        for (int64_t tile = 0; tile < n_tiles; ++tile) {
-            const int stage = tile % kKvStages;
-            if (tile >= kKvStages) bar_sync(kKvEmptyBar0 + stage, kThreads);  // S of tile - 2 is done
-            fill_slot_table(tile);
-            bar_sync(kProducersBar, kProducerThreads);  // slot table written; tile - 1 landed everywhere
-            gather(tile);
-            if (tile >= 1) {
-                if (tile >= 2) bar_sync(kVtEmptyBar, kThreads);  // P.V of tile - 2 is done
-                transpose_v(tile - 1);
-                bar_arrive(kVtFullBar, kThreads);
-            }
-            cute::cp_async_wait<0>();
-            bar_arrive(kKvFullBar0 + stage, kThreads);
+            fence_for_tensor_cores();
+            bar_arrive(kFullBar0 + buffer, kThreads);
         }
-        if (n_tiles >= 1) {
-            bar_sync(kProducersBar, kProducerThreads);  // the last tile landed everywhere
-            if (n_tiles >= 2) bar_sync(kVtEmptyBar, kThreads);
-            transpose_v(n_tiles - 1);
-            bar_arrive(kVtFullBar, kThreads);
-            for (int64_t tile = n_tiles >= 2 ? n_tiles - 2 : 0; tile < n_tiles; ++tile)
-                bar_sync(kKvEmptyBar0 + tile % kKvStages, kThreads);
-            bar_sync(kVtEmptyBar, kThreads);
-        }
+        bar_sync(kEmptyBar0 + 1, kThreads);
+        if (n_tiles >= 1) bar_sync(kEmptyBar0, kThreads);
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-    const int lane = tid % 32, warp = tid / 32;
-    const int gid = lane / 4, tig = lane % 4;
-    const int head_group = warp % kHeadGroups, half = warp / kHeadGroups;
-    const int partner = warp ^ kHeadGroups;
-    auto pair_barrier = [&] { bar_sync(kPairBar0 + head_group, 64); };
+    const int wg = tid / 128, wg_tid = tid % 128;
+    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
 
-    for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
-        const int r = u / kChunks, c = u % kChunks;
-        const bool valid = head0 + r < p.h_q;
-        const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
-        copy_chunk(q_s + r * kRow + c * 16, src, valid, p.rows_16b_aligned);
+    // Q: rows into kv buffer 1, which the producer fills only after the consumers release it, then
+    // into A-fragment order, so that a K step of Q is one 8-byte load per thread.
+    {
+        uint8_t* q_rows = reinterpret_cast<uint8_t*>(kv16(1));
+        for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
+            const int r = u / kChunks, c = u % kChunks;
+            const bool valid = head0 + r < p.h_q;
+            const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
+            copy_chunk(q_rows + r * D + c * 16, src, valid, p.rows_16b_aligned);
+        }
+        cute::cp_async_wait<0>();
+        bar_sync(kConsumersBar, kConsumerThreads);
+        for (int ks = wg; ks < kKSteps; ks += kConsumerWarpgroups) {
+            const uint8_t* lo = q_rows + row0 * D + kKStep * ks + 2 * tig;  // row0
+            const uint8_t* hi = lo + 8 * D;                                  // row0 + 8
+            auto pair = [](const uint8_t* x) { return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(x)); };
+            q_frag[ks * 128 + wg_tid] = make_uint2(pair(lo) | pair(hi) << 16, pair(lo + 8) | pair(hi + 8) << 16);
+        }
+        bar_sync(kConsumersBar, kConsumerThreads);
+        bar_arrive(kEmptyBar0 + 1, kThreads);
     }
-    cute::cp_async_wait<0>();
-    bar_sync(kConsumersBar, kConsumerThreads);
 
-    float o[kOTiles][4];
-    for (int j = 0; j < kOTiles; ++j)
-        for (int i = 0; i < 4; ++i) o[j][i] = 0.f;
-    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // base-2 logits of rows gid and gid + 8
+    MmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(wg_tid);
+    Tensor tOrP = thr_pv.partition_fragment_A(sP);
+    Tensor o = partition_fragment_C(mma_pv, Shape<Int<kHeadsPerCta>, Int<kDvPerWg>>{});
+    clear(o);
+    auto mma_qk = make_tiled_mma(MmaQK{});
+    auto thr_qk = mma_qk.get_thread_slice(wg_tid);
+    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // base-2 logits of rows row0 and row0 + 8
     float row_sum[2] = {0.f, 0.f};                       // over this thread's slots, reduced at the end
 
-    // Fragment addresses of this lane for ldmatrix: Q (A of QK^T), kv rows (B), P (A of P.V), V^T (B).
-    const int quad = lane / 8, row8 = lane % 8;
-    const uint8_t* q_lane = q_s + (head_group * 16 + (quad % 2) * 8 + row8) * kRow + (quad / 2) * 16;
-    const int k_lane = (half * (kSlotsPerTile / 2) + (quad / 2) * 8 + row8) * kRow + (quad % 2) * 16;
-    const uint16_t* p_group = p_s + head_group * 16 * kHalfRow;
-    const uint16_t* p_lane = p_group + ((quad % 2) * 8 + row8) * kHalfRow + (quad / 2) * 8;
-    const uint16_t* vt_lane = vt_s + (half * (kDv / 2) + (quad / 2) * 8 + row8) * kHalfRow + (quad % 2) * 8;
-
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        const int stage = tile % kKvStages;
-        bar_sync(kKvFullBar0 + stage, kThreads);
-        const uint8_t* kv_tile = kv_s + stage * kSlotsPerTile * kRow;
-        const int32_t* rows = slot_rows[tile % kSlotTables];
+        const int buffer = tile % kKvBuffers;
+        bar_sync(kFullBar0 + buffer, kThreads);
+        Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
+        Tensor sV = make_tensor(make_smem_ptr(kv16(buffer)), typename L::V{});
+        // One descriptor for this warpgroup's 32 rows; a K step adds its byte offset (>> 4, the
+        // descriptor's address unit), so that no descriptor per K step is held in registers.
+        const uint64_t k_desc = static_cast<uint64_t>(
+            thr_qk.partition_fragment_B(local_tile(sK, Shape<Int<kSlotsPerWg>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
+        Tensor tOdV = thr_pv.partition_fragment_B(local_tile(sV, Shape<Int<kDvPerWg>, Int<kSlotsPerTile>>{}, make_coord(wg, 0)));
 
-        // S = Q K^T: this warp's 16 heads x its 32 slots.
-        float s[kSTiles][4];
-        for (int j = 0; j < kSTiles; ++j)
-            for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
-#pragma unroll 2
-        for (int k = 0; k < D; k += 32) {
-            uint32_t a[4];
-            ldsm_x4(q_lane + k, a);
-#pragma unroll
-            for (int jp = 0; jp < kSTiles / 2; ++jp) {
-                uint32_t b[4];
-                ldsm_x4(kv_tile + k_lane + jp * 16 * kRow + k, b);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float d[4];
-                    cute::SM89_16x8x32_F32E4M3E4M3F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3],
-                                                              b[2 * h], b[2 * h + 1], 0.f, 0.f, 0.f, 0.f);
-                    for (int i = 0; i < 4; ++i) s[2 * jp + h][i] += d[i];
-                }
+        // S = Q K^T on this warpgroup's 32 slots. A batch's Q fragments stay in registers until
+        // its wgmmas have read them: two batches in flight, each with its own registers.
+        float s[16];
+        auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], int batch) {
+            CUTE_UNROLL
+            for (int j = 0; j < kQkBatch; ++j) {
+                const uint2 e4m3 = q_frag[(batch * kQkBatch + j) * 128 + wg_tid];
+                a[j][0] = e4m3x2_to_half2(e4m3.x);
+                a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
+                a[j][2] = e4m3x2_to_half2(e4m3.y);
+                a[j][3] = e4m3x2_to_half2(e4m3.y >> 16);
             }
+            CUTE_UNROLL
+            for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int j = 0; j < kQkBatch; ++j) {
+                const int ks = batch * kQkBatch + j;
+                const uint64_t desc = k_desc + typename L::K{}(0, ks * kKStep) * sizeof(half_t) / 16;
+                MmaQK::fma(a[j][0], a[j][1], a[j][2], a[j][3], desc,
+                           s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+                           s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15],
+                           ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+            }
+            warpgroup_commit_batch();
+            warpgroup_wait<1>();
+        };
+        uint32_t a_even[kQkBatch][4], a_odd[kQkBatch][4];
+        CUTE_UNROLL
+        for (int batch = 0; batch < kKSteps / kQkBatch; batch += 2) {
+            qk_batch(a_even, batch);
+            if (batch + 1 < kKSteps / kQkBatch) qk_batch(a_odd, batch + 1);
         }
-        bar_arrive(kKvEmptyBar0 + stage, kThreads);
+        warpgroup_wait<0>();
+        CUTE_UNROLL
+        for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
 
-        // Online softmax, base 2. Element i of tile j: row gid + 8 (i / 2), slot 32 half + 8 j + 2 tig + i % 2.
+        // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
+        const int32_t* valid = slot_valid[buffer];
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
-        for (int j = 0; j < kSTiles; ++j)
-            for (int i = 0; i < 4; ++i) {
-                const int slot = half * (kSlotsPerTile / 2) + 8 * j + 2 * tig + i % 2;
-                s[j][i] = rows[slot] >= 0 ? s[j][i] * logit_scale : -CUDART_INF_F;
-                tile_max[i / 2] = fmaxf(tile_max[i / 2], s[j][i]);
-            }
+        CUTE_UNROLL
+        for (int i = 0; i < 16; ++i) {
+            const int slot = kSlotsPerWg * wg + acc_col(i, tig);
+            s[i] = valid[slot] ? s[i] * logit_scale : -CUDART_INF_F;
+            tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
+        }
         for (int r = 0; r < 2; ++r) {
             tile_max[r] = quad_max(tile_max[r]);
-            if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = tile_max[r];
+            if (tig == 0) row_share[wg][row0 + 8 * r] = tile_max[r];
         }
-        bar_sync(kConsumersBar, kConsumerThreads);  // the pair's tile maxima posted
+        bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted
         float shift[2];
         for (int r = 0; r < 2; ++r) {
-            // fmaxf is symmetric, so both warps of the pair get the same maximum bit for bit.
-            const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], pair_s[partner * 16 + gid + 8 * r]));
+            // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
+            const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], row_share[wg ^ 1][row0 + 8 * r]));
             shift[r] = new_max == -CUDART_INF_F ? 0.f : new_max;  // all slots so far invalid
             const float alpha = exp2f(row_max[r] - shift[r]);
             row_max[r] = new_max;
             row_sum[r] *= alpha;
-            for (int j = 0; j < kOTiles; ++j) {
-                o[j][2 * r] *= alpha;
-                o[j][2 * r + 1] *= alpha;
-            }
+            CUTE_UNROLL
+            for (int i = 0; i < size(o); ++i)
+                if (acc_row(i) == r) o(i) *= alpha;
         }
-        for (int j = 0; j < kSTiles; ++j) {
-            for (int i = 0; i < 4; ++i) {
-                s[j][i] = exp2f(s[j][i] - shift[i / 2]);
-                row_sum[i / 2] += s[j][i];
-            }
-            const int col = half * (kSlotsPerTile / 2) + 8 * j + 2 * tig;
-            uint32_t* p_row = reinterpret_cast<uint32_t*>(p_s + (head_group * 16 + gid) * kHalfRow + col);
-            p_row[0] = pack_half2(s[j][0], s[j][1]);
-            p_row[8 * kHalfRow / 2] = pack_half2(s[j][2], s[j][3]);
+        CUTE_UNROLL
+        for (int i = 0; i < 16; i += 2) {
+            const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
+            row_sum[acc_row(i)] += p0 + p1;
+            const int slot = kSlotsPerWg * wg + acc_col(i, tig);
+            *reinterpret_cast<uint32_t*>(&sP(row0 + 8 * acc_row(i), slot)) = pack_half2(p0, p1);
         }
-        pair_barrier();  // the pair's P is complete
-        bar_sync(kVtFullBar, kThreads);
+        fence_for_tensor_cores();
+        bar_sync(kConsumersBar, kConsumerThreads);  // P complete
 
-        // O += P V: all 64 slots of P, this warp's half of V^T.
-#pragma unroll
-        for (int kk = 0; kk < kSlotsPerTile / 16; ++kk) {
-            uint32_t a[4];
-            ldsm_x4(p_lane + kk * 16, a);
-#pragma unroll
-            for (int np = 0; np < kOTiles / 2; ++np) {
-                uint32_t b[4];
-                ldsm_x4(vt_lane + np * 16 * kHalfRow + kk * 16, b);
-                for (int h = 0; h < 2; ++h) {
-                    float* acc = o[2 * np + h];
-                    cute::SM80_16x8x16_F32F16F16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3],
-                                                            b[2 * h], b[2 * h + 1],
-                                                            acc[0], acc[1], acc[2], acc[3]);
-                }
-            }
-        }
-        bar_arrive(kVtEmptyBar, kThreads);
+        // O += P V: all 64 slots, this warpgroup's half of d_v.
+        warpgroup_fence_operand(o);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma_pv, tOrP(_, _, k), tOdV(_, _, k), o);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(o);
+        bar_arrive(kEmptyBar0 + buffer, kThreads);
     }
 
-    // Row sums: each warp of the pair holds its own slots' share; add them in a fixed order.
+    // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
     bar_sync(kConsumersBar, kConsumerThreads);
     for (int r = 0; r < 2; ++r) {
         row_sum[r] = quad_sum(row_sum[r]);
-        if (tig == 0) pair_s[warp * 16 + gid + 8 * r] = row_sum[r];
+        if (tig == 0) row_share[wg][row0 + 8 * r] = row_sum[r];
     }
-    pair_barrier();
+    bar_sync(kConsumersBar, kConsumerThreads);
     for (int r = 0; r < 2; ++r) {
-        const int64_t h = head0 + head_group * 16 + gid + 8 * r;
+        const int64_t h = head0 + row0 + 8 * r;
         if (h >= p.h_q) continue;
-        const float sum = pair_s[head_group * 16 + gid + 8 * r] + pair_s[(head_group + kHeadGroups) * 16 + gid + 8 * r];
+        const float sum = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
         const bool empty = row_max[r] == -CUDART_INF_F;
         float denom = sum;
         if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_max[r]);
         const float o_scale = empty ? 0.f : kv_scale / denom;
-        uint16_t* out = p.out + t * p.out_stride_s + h * p.out_stride_h + half * (kDv / 2) + 2 * tig;
-        for (int j = 0; j < kOTiles; ++j) {
-            const __nv_bfloat162 v = __floats2bfloat162_rn(o[j][2 * r] * o_scale, o[j][2 * r + 1] * o_scale);
-            *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = v;
+        // one base pointer and constant offsets: 64 addresses held at once would spill
+        __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(
+            p.out + t * p.out_stride_s + h * p.out_stride_h + wg * kDvPerWg + acc_col(0, tig));
+        CUTE_UNROLL
+        for (int i = 0; i < size(o); i += 4) {
+            const int e = i + 2 * r;  // columns 8 (i / 4) + 2 tig, + 1 of row r
+            out[4 * (i / 4)] = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
         }
-        if (half == 0 && tig == 0) {
+        if (wg == 0 && tig == 0) {
             p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] =
                 empty ? -CUDART_INF_F : row_max[r] * kLn2;
             p.lse[t * p.lse_stride_s + h * p.lse_stride_h] =
