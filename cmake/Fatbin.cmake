@@ -18,6 +18,11 @@ file(GLOB sparse_mla_kernel_headers CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/kernels/*.h ${PROJECT_SOURCE_DIR}/kernels/sm90/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/*.h)
 
 function(sparse_mla_add_fatbin d_qk out_file out_kernel)
+  # The kernel keeps kv rows as 128-byte-swizzled fp16 tiles (64 columns per swizzle atom), two of
+  # them plus an fp8 landing tile and Q in shared memory: 512 and 576 fit, 640 would not.
+  if(NOT d_qk MATCHES "^(512|576)$")
+    message(FATAL_ERROR "SPARSE_MLA_HEAD_DIMS: the SM90 kernel is built for d_qk 512 and 576, not ${d_qk}")
+  endif()
   set(D_QK ${d_qk})
   set(kernel "sparse_mla_fp8_prefill_d${d_qk}")
   set(src ${CMAKE_CURRENT_BINARY_DIR}/prefill_d${d_qk}.cu)

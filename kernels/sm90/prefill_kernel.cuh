@@ -117,6 +117,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     constexpr int kSlotsPerWg = kSlotsPerTile / kConsumerWarpgroups;
     constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
     static_assert(kKSteps % kQkBatch == 0, "QK^T K steps come in whole batches");
+    static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
     auto kv16 = [&](int buffer) {
