@@ -11,11 +11,11 @@ constexpr int kConsumerWarpgroups = 2;  // each: half of the slots for S = QK^T,
 constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
 constexpr int kProducerThreads = 128;   // one warpgroup: gathers kv tiles and converts them to fp16
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer gives registers to the math
-constexpr int kConsumerRegisters = 232;  // 128 x 40 + 256 x 232 <= 65536
+constexpr int kProducerRegisters = 56;   // setmaxnreg: the producer gives registers to the math
+constexpr int kConsumerRegisters = 224;  // 128 x 56 + 256 x 224 <= 65536
 constexpr int kKvBuffers = 2;      // fp16 kv tiles: the producer converts tile i + 1 while tile i is computed
 constexpr int kKStep = 16;         // K of one fp16 wgmma
-constexpr int kQkBatch = 2;        // K steps per wgmma batch of QK^T: their A registers are live together
+constexpr int kQkBatch = 4;        // K steps per wgmma batch of QK^T: their A registers are live together
 
 // Shared memory, each wgmma operand 1024-byte aligned for the 128-byte swizzle:
 //   kKvBuffers fp16 kv tiles [slot][d_qk], read as K (K-major) by QK^T and as V (MN-major) by P.V;
@@ -30,11 +30,7 @@ constexpr int p_smem_offset(int d_qk) { return qfrag_smem_offset(d_qk) + kHeadsP
 constexpr int rows_smem_offset(int d_qk) { return p_smem_offset(d_qk) + kHeadsPerCta * kSlotsPerTile * 2; }
 constexpr int valid_smem_offset(int d_qk) { return rows_smem_offset(d_qk) + kKvBuffers * kSlotsPerTile * 4; }
 constexpr int share_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + kKvBuffers * kSlotsPerTile * 4; }
-// Partial sums of S that warpgroup 1 hands to warpgroup 0 (64 heads x 32 slots, fp32); with rope
-// columns (d_qk > 512) they go into those of the current kv tile instead.
-constexpr int xchg_bytes(int d_qk) { return d_qk > kDv ? 0 : kHeadsPerCta * kSlotsPerTile / 2 * 4; }
-constexpr int xchg_smem_offset(int d_qk) { return share_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 4; }
-constexpr int smem_bytes(int d_qk) { return xchg_smem_offset(d_qk) + xchg_bytes(d_qk); }
+constexpr int smem_bytes(int d_qk) { return share_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 4; }
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 

@@ -45,7 +45,7 @@ struct SmemLayouts {
                                            cute::Shape<cute::Int<kHeadsPerCta>, cute::Int<kSlotsPerTile>>{}));
 };
 
-using MmaQK = cute::SM90_64x64x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using MmaQK = cute::SM90_64x32x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
 using MmaPV = decltype(cute::make_tiled_mma(
     cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
@@ -68,7 +68,6 @@ enum Barrier : int {
     kFullBar0,  // + buffer
     kEmptyBar0 = kFullBar0 + kKvBuffers,
     kProducersBar = kEmptyBar0 + kKvBuffers,
-    kPFreeBar,  // warpgroup 1 -> 0: P.V done, P may take the next tile's partial sums of S
 };
 static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 
@@ -117,9 +116,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kSlotsPerWg = kSlotsPerTile / kConsumerWarpgroups;
     constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
-    constexpr int kKStepsPerWg = kKSteps / kConsumerWarpgroups;
-    static_assert(kKSteps % (kConsumerWarpgroups * kQkBatch) == 0, "QK^T K steps come in whole batches per warpgroup");
-    static_assert(D == kDv || D - kDv == 64, "the rope columns are one swizzle atom, or there are none");
+    static_assert(kKSteps % kQkBatch == 0, "QK^T K steps come in whole batches");
     static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -133,12 +130,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + rows_smem_offset(D));
     auto slot_valid = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + valid_smem_offset(D));
     auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
-    // Warpgroup 1's partial sums of S for warpgroup 0: in the tile's rope columns, or for d_qk 512
-    // in a region of their own.
-    auto xchg1 = [&](int buffer) {
-        return D > kDv ? reinterpret_cast<float4*>(kv16(buffer) + typename L::K{}(0, kDv))
-                       : reinterpret_cast<float4*>(smem + xchg_smem_offset(D));
-    };
 
     const int tid = threadIdx.x;
     const int64_t n_head_blocks = head_blocks(p.h_q);
@@ -283,39 +274,34 @@ __device__ void prefill(const SparseMlaParams& p) {
         bar_sync(kFullBar0 + buffer, kThreads);
         Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
         Tensor sV = make_tensor(make_smem_ptr(kv16(buffer)), typename L::V{});
-        // One descriptor for the tile's 64 rows; a K step adds its byte offset (>> 4, the
+        // One descriptor for this warpgroup's 32 rows; a K step adds its byte offset (>> 4, the
         // descriptor's address unit), so that no descriptor per K step is held in registers.
         const uint64_t k_desc = static_cast<uint64_t>(
-            thr_qk.partition_fragment_B(local_tile(sK, Shape<Int<kSlotsPerTile>, Int<D>>{}, make_coord(0, 0)))(0, 0, 0));
+            thr_qk.partition_fragment_B(local_tile(sK, Shape<Int<kSlotsPerWg>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
         Tensor tOdV = thr_pv.partition_fragment_B(local_tile(sV, Shape<Int<kDvPerWg>, Int<kSlotsPerTile>>{}, make_coord(wg, 0)));
 
-        // S = Q K^T, split along K: this warpgroup sums its half of d_qk over all 64 slots
-        // (m64n64 wgmmas: half as many as m64n32 over all of d_qk, and their count is what costs,
-        // see PERF.md). A batch's Q fragments stay in registers until its wgmmas have read them:
-        // two batches in flight, each with its own registers.
-        float acc[32];
+        // S = Q K^T on this warpgroup's 32 slots. A batch's Q fragments stay in registers until
+        // its wgmmas have read them: two batches in flight, each with its own registers.
+        float s[16];
         auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], int batch) {
             CUTE_UNROLL
             for (int j = 0; j < kQkBatch; ++j) {
-                const uint2 e4m3 = q_frag[(wg * kKStepsPerWg + batch * kQkBatch + j) * 128 + wg_tid];
+                const uint2 e4m3 = q_frag[(batch * kQkBatch + j) * 128 + wg_tid];
                 a[j][0] = e4m3x2_to_half2(e4m3.x);
                 a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
                 a[j][2] = e4m3x2_to_half2(e4m3.y);
                 a[j][3] = e4m3x2_to_half2(e4m3.y >> 16);
             }
             CUTE_UNROLL
-            for (int i = 0; i < 32; ++i) warpgroup_fence_operand(acc[i]);
+            for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
             warpgroup_arrive();
             CUTE_UNROLL
             for (int j = 0; j < kQkBatch; ++j) {
-                const int ks = batch * kQkBatch + j;  // within this warpgroup's half
-                const uint64_t desc =
-                    k_desc + typename L::K{}(0, (wg * kKStepsPerWg + ks) * kKStep) * sizeof(half_t) / 16;
+                const int ks = batch * kQkBatch + j;
+                const uint64_t desc = k_desc + typename L::K{}(0, ks * kKStep) * sizeof(half_t) / 16;
                 MmaQK::fma(a[j][0], a[j][1], a[j][2], a[j][3], desc,
-                           acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
-                           acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15],
-                           acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23],
-                           acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31],
+                           s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+                           s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15],
                            ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
             }
             warpgroup_commit_batch();
@@ -323,39 +309,13 @@ __device__ void prefill(const SparseMlaParams& p) {
         };
         uint32_t a_even[kQkBatch][4], a_odd[kQkBatch][4];
         CUTE_UNROLL
-        for (int batch = 0; batch < kKStepsPerWg / kQkBatch; batch += 2) {
+        for (int batch = 0; batch < kKSteps / kQkBatch; batch += 2) {
             qk_batch(a_even, batch);
-            if (batch + 1 < kKStepsPerWg / kQkBatch) qk_batch(a_odd, batch + 1);
+            if (batch + 1 < kKSteps / kQkBatch) qk_batch(a_odd, batch + 1);
         }
         warpgroup_wait<0>();
         CUTE_UNROLL
-        for (int i = 0; i < 32; ++i) warpgroup_fence_operand(acc[i]);
-
-        // Each warpgroup keeps the slots 32 wg.. of S and hands the peer its partial sums of the
-        // others, through shared memory that is free at this point: warpgroup 0 writes into P
-        // (once P.V of the previous tile is done in both), warpgroup 1 into the tile's rope
-        // columns, which only it reads in QK^T and P.V never reads (d_qk 512: a region of its own).
-        // Element i of a warpgroup's 16 lies at the same (row, slot) in both: float4 j of thread t
-        // is exchanged at [j][t].
-        float4* to_peer = wg == 0 ? reinterpret_cast<float4*>(smem + p_smem_offset(D)) : xchg1(buffer);
-        const float4* from_peer = wg == 0 ? xchg1(buffer) : reinterpret_cast<const float4*>(smem + p_smem_offset(D));
-        if (wg == 0 && tile > 0) bar_sync(kPFreeBar, kConsumerThreads);  // P.V of tile - 1 done in warpgroup 1
-        // (selects with constant indices: a register array indexed at run time would go to memory)
-        auto pick = [&](bool hi, int i) { return hi ? acc[16 + i] : acc[i]; };
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j)  // the peer's slots
-            to_peer[j * 128 + wg_tid] = make_float4(pick(wg == 0, 4 * j), pick(wg == 0, 4 * j + 1),
-                                                    pick(wg == 0, 4 * j + 2), pick(wg == 0, 4 * j + 3));
-        bar_sync(kConsumersBar, kConsumerThreads);  // both halves of d_qk posted
-        float s[16];
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-            const float4 x = from_peer[j * 128 + wg_tid];  // this warpgroup's slots
-            s[4 * j] = pick(wg == 1, 4 * j) + x.x;
-            s[4 * j + 1] = pick(wg == 1, 4 * j + 1) + x.y;
-            s[4 * j + 2] = pick(wg == 1, 4 * j + 2) + x.z;
-            s[4 * j + 3] = pick(wg == 1, 4 * j + 3) + x.w;
-        }
+        for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
 
         // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
         const int32_t* valid = slot_valid[buffer];
@@ -402,9 +362,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(o);
         bar_arrive(kEmptyBar0 + buffer, kThreads);
-        if (wg == 1) bar_arrive(kPFreeBar, kConsumerThreads);
     }
-    if (wg == 0 && n_tiles > 0) bar_sync(kPFreeBar, kConsumerThreads);  // the last arrival
 
     // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
     bar_sync(kConsumersBar, kConsumerThreads);
