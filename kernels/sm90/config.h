@@ -7,9 +7,10 @@ namespace sparse_mla::sm90 {
 constexpr int kHeadsPerCta = 64;   // one CTA: one query token x 64 heads (rows past h_q are masked)
 constexpr int kSlotsPerTile = 64;  // topk slots gathered per main-loop step
 constexpr int kDv = 512;
+constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumerWarpgroups = 2;  // each: half of the slots for S = QK^T, half of d_v for O += PV
-constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
-constexpr int kProducerThreads = 128;   // one warpgroup: gathers kv tiles and converts them to fp16
+constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
+constexpr int kProducerThreads = kWarpgroupThreads;   // one warpgroup: gathers kv tiles and converts them to fp16
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerRegisters = 56;   // setmaxnreg: the producer gives registers to the math
 constexpr int kConsumerRegisters = 224;  // 128 x 56 + 256 x 224 <= 65536

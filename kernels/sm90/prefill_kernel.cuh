@@ -233,7 +233,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-    const int wg = tid / 128, wg_tid = tid % 128;
+    const int wg = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
 
@@ -253,7 +253,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             const uint8_t* lo = q_rows + row0 * D + kKStep * ks + 2 * tig;  // row0
             const uint8_t* hi = lo + 8 * D;                                  // row0 + 8
             auto pair = [](const uint8_t* x) { return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(x)); };
-            q_frag[ks * 128 + wg_tid] = make_uint2(pair(lo) | pair(hi) << 16, pair(lo + 8) | pair(hi + 8) << 16);
+            q_frag[ks * kWarpgroupThreads + wg_tid] = make_uint2(pair(lo) | pair(hi) << 16, pair(lo + 8) | pair(hi + 8) << 16);
         }
         bar_sync(kConsumersBar, kConsumerThreads);
         bar_arrive(kEmptyBar0 + 1, kThreads);
@@ -286,7 +286,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], int batch) {
             CUTE_UNROLL
             for (int j = 0; j < kQkBatch; ++j) {
-                const uint2 e4m3 = q_frag[(batch * kQkBatch + j) * 128 + wg_tid];
+                const uint2 e4m3 = q_frag[(batch * kQkBatch + j) * kWarpgroupThreads + wg_tid];
                 a[j][0] = e4m3x2_to_half2(e4m3.x);
                 a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
                 a[j][2] = e4m3x2_to_half2(e4m3.y);
