@@ -21,6 +21,20 @@ constexpr int64_t kColumns = 64;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// acc[b][i] += w[b] * x[i] for every head b < NB and i < W: one pass over x updates the NB rows
+// together, written out per row so that the compiler vectorises over i.
+template <int NB, int64_t W>
+inline void add_outer(float (&acc)[NB][W], const float (&w)[NB], const float* x) {
+    static_assert(NB >= 1 && NB <= 4, "rows are written out up to 4");
+    for (int64_t i = 0; i < W; ++i) {
+        const float xi = x[i];
+        acc[0][i] += w[0] * xi;
+        if constexpr (NB > 1) acc[1][i] += w[1] * xi;
+        if constexpr (NB > 2) acc[2][i] += w[2] * xi;
+        if constexpr (NB > 3) acc[3][i] += w[3] * xi;
+    }
+}
+
 std::array<float, 256> make_e4m3fn_table() {
     std::array<float, 256> t{};
     for (int b = 0; b < 256; ++b) {
@@ -146,13 +160,7 @@ private:
                 const float* kt = &kt_[x * kChunk];
                 float qx[NB];
                 for (int b = 0; b < NB; ++b) qx[b] = q[b][x];
-                for (int64_t c = 0; c < kChunk; ++c) {
-                    const float k = kt[c];
-                    dot[0][c] += qx[0] * k;
-                    if constexpr (NB > 1) dot[1][c] += qx[1] * k;
-                    if constexpr (NB > 2) dot[2][c] += qx[2] * k;
-                    if constexpr (NB > 3) dot[3][c] += qx[3] * k;
-                }
+                add_outer(dot, qx, kt);
             }
             for (int b = 0; b < NB; ++b)
                 for (int64_t c = 0; c < n; ++c) s[b * kChunk + c] = logit_scale_ * dot[b][c];
@@ -184,13 +192,7 @@ private:
                 const float* v = &v_[c * vpad_ + x];
                 float pc[NB];
                 for (int b = 0; b < NB; ++b) pc[b] = s[b * kChunk + c];
-                for (int64_t l = 0; l < kColumns; ++l) {
-                    const float vl = v[l];
-                    a[0][l] += pc[0] * vl;
-                    if constexpr (NB > 1) a[1][l] += pc[1] * vl;
-                    if constexpr (NB > 2) a[2][l] += pc[2] * vl;
-                    if constexpr (NB > 3) a[3][l] += pc[3] * vl;
-                }
+                add_outer(a, pc, v);
             }
             for (int b = 0; b < NB; ++b) std::copy(a[b], a[b] + kColumns, acc[b] + x);
         }

@@ -51,43 +51,42 @@ class _DLPack:
         raise TypeError(f"bf16_to_float32 takes bfloat16 or uint16/int16 (bf16 bits), got {name}")
 
 
-class _NumPy(_DLPack):
-    # NumPy has no bf16: out is a uint16 array of bf16 bit patterns.
-    def __init__(self, module):
+class _Bf16Bits(_DLPack):
+    # NumPy and CuPy have no bf16: out is a uint16 array of bf16 bit patterns.
+    def __init__(self, module, xp):
         super().__init__(module)
+        self._xp = xp
+        self._dtypes = {"bf16": xp.uint16, "float32": xp.float32}
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+
+class _NumPy(_Bf16Bits):
+    def __init__(self, module):
         import numpy
 
-        self._dtypes = {"bf16": numpy.uint16, "float32": numpy.float32}
-        self._np = numpy
+        super().__init__(module, numpy)
 
     def device(self, a):
         return ("cpu", 0)
 
-    def dtype_name(self, a):
-        return a.dtype.name
-
     def empty(self, like, shape, dtype):
-        return self._np.empty(shape, self._dtypes[dtype])
+        return self._xp.empty(shape, self._dtypes[dtype])
 
 
-class _CuPy(_DLPack):
-    # CuPy has no bf16 either: uint16 bit patterns, as for NumPy.
+class _CuPy(_Bf16Bits):
     def __init__(self, module):
-        super().__init__(module)
         import cupy
 
-        self._dtypes = {"bf16": cupy.uint16, "float32": cupy.float32}
-        self._cp = cupy
+        super().__init__(module, cupy)
 
     def device(self, a):
         return ("cuda", a.device.id)
 
-    def dtype_name(self, a):
-        return a.dtype.name
-
     def empty(self, like, shape, dtype):
-        with self._cp.cuda.Device(like.device.id):
-            return self._cp.empty(shape, self._dtypes[dtype])
+        with self._xp.cuda.Device(like.device.id):
+            return self._xp.empty(shape, self._dtypes[dtype])
 
 
 class _Torch:
