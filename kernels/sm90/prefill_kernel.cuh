@@ -1,23 +1,28 @@
 // The SM90 FP8 sparse MLA prefill kernel, one template for every QK head dim.
 //
 // One CTA computes one query token for 64 heads: a producer warpgroup and two consumer warpgroups,
-// meeting on named barriers (fp16 kv tile full/empty per buffer). Per tile of 64 topk slots:
+// meeting on named barriers. Per tile of 64 topk slots:
 //   1. the producer gathers the e4m3 kv rows (cp.async, in two halves so that one half lands while
 //      the other is converted) into a landing tile; invalid slots become zero rows with a -inf logit;
 //   2. the producer converts the tile to fp16 once, into a 128-byte-swizzled [slot][d_qk] tile. Read
 //      K-major it is the B of QK^T; read MN-major (the same bytes) its first 512 columns are the B of
 //      P.V: no transpose. e4m3 -> fp16 is exact, and fp16 wgmma sums exactly in fp32, where FP8 wgmma
 //      does not (PERF.md: it misses the 1e-3 bound on lse and max_logits);
-//   3. S = Q K^T by fp16 wgmma, each consumer warpgroup on its 32 slots; Q stays in shared memory as
-//      e4m3 in the order of the A fragments and is converted in registers each K step;
-//   4. online softmax in base 2, the row maxima exchanged between the warpgroups; P (fp16, in [0, 1])
-//      goes through shared memory, and each warpgroup multiplies all 64 slots by its half of d_v.
+//   3. S = Q K^T by fp16 wgmma m64n64, split along d_qk: each consumer warpgroup sums its half of
+//      the K steps over all 64 slots (Q stays in shared memory as e4m3 in the order of the A
+//      fragments and is converted in registers each K step), and the two hand each other the
+//      partial sums of the other's 32 slots through shared memory;
+//   4. online softmax in base 2 on each warpgroup's 32 slots, the row maxima exchanged; P (fp16, in
+//      [0, 1]) goes into the tile's columns past d_v, and each warpgroup multiplies all 64 slots
+//      by its half of d_v.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <math_constants.h>
+
+#include <utility>
 
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -36,18 +41,29 @@ struct SmemLayouts {
     using f16 = cute::half_t;
     // A kv tile as K of QK^T: (slot, d_qk), d_qk contiguous.
     using K = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<f16>{},
-                                           cute::Shape<cute::Int<kSlotsPerTile>, cute::Int<D>>{}));
+                                           cute::Shape<cute::Int<kSlotsPerTile>, cute::Int<kv16_cols(D)>>{}));
     // The same bytes as V of P.V: (d_v, slot), d_v contiguous; atoms along the slots first, as in K.
     using V = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<f16>{},
                                            cute::Shape<cute::Int<kDv>, cute::Int<kSlotsPerTile>>{},
                                            cute::Step<cute::_2, cute::_1>{}));
+    // P of a tile, [head][slot]: the same atoms as K's columns [kDv, kDv + 64) (p_offset), which
+    // first carry warpgroup 1's partial sums of S.
     using P = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<f16>{},
                                            cute::Shape<cute::Int<kHeadsPerCta>, cute::Int<kSlotsPerTile>>{}));
+    static constexpr int p_offset = K{}(0, kDv);
+    static_assert(kHeadsPerCta == kSlotsPerTile, "P of a tile fills the K tile's atom column");
 };
 
-using MmaQK = cute::SM90_64x32x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using MmaQK = cute::SM90_64x64x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
 using MmaPV = decltype(cute::make_tiled_mma(
     cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+
+// One register-A wgmma on an accumulator of sizeof...(I) floats.
+template <class Op, class Acc, size_t... I>
+__device__ inline void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& d, cute::GMMA::ScaleOut scale,
+                                std::index_sequence<I...>) {
+    Op::fma(a[0], a[1], a[2], a[3], desc, d[I]..., scale);
+}
 
 // 16 bytes of a row into shared memory; zeros when !valid, and then src is never dereferenced.
 __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, bool aligned) {
@@ -101,6 +117,13 @@ __device__ inline float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Byte offset of fp16 element (row, col) in a 1024-byte-aligned K-major tile of 64-column swizzle
+// atoms (GMMA's 128-byte swizzle: address bits 4-6 ^= bits 7-9). CuTe applies that swizzle to the
+// pointer, so a layout called on its own gives the offset without it.
+__device__ inline uint32_t sw128_byte(int row, int col) {
+    return row * 128 + ((((col / 8) ^ (row % 8)) * 16) | (col % 8) * 2);
+}
+
 // A wgmma accumulator or A fragment of a warpgroup: element i of a thread is row 16 warp + gid +
 // 8 ((i / 2) % 2), column 8 (i / 4) + 2 tig + i % 2 (per warp, the layout of mma.sync's m16n8 tiles).
 __device__ inline int acc_row(int i) { return (i / 2) % 2; }
@@ -114,9 +137,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     constexpr int kChunks = D / 16;          // 16-byte chunks of an e4m3 row
     constexpr int kKSteps = D / kKStep;
     constexpr int kHalfSlots = kSlotsPerTile / 2;
-    constexpr int kSlotsPerWg = kSlotsPerTile / kConsumerWarpgroups;
     constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
-    static_assert(kKSteps % kQkBatch == 0, "QK^T K steps come in whole batches");
     static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -125,7 +146,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     };
     uint8_t* landing = smem + landing_smem_offset(D);
     uint2* q_frag = reinterpret_cast<uint2*>(smem + qfrag_smem_offset(D));
-    Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(smem + p_smem_offset(D))), typename L::P{});
     // kv row of each slot of the tiles being gathered (-1: invalid), and validity of each fp16 tile's slots
     auto slot_rows = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + rows_smem_offset(D));
     auto slot_valid = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + valid_smem_offset(D));
@@ -158,7 +178,8 @@ __device__ void prefill(const SparseMlaParams& p) {
         constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
         static_assert(kThreadsPerRow * 16 * 2 == 128, "a row's threads cover one 128-byte fp16 swizzle atom row");
         const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
-        constexpr int kAtomColumn = typename L::K{}(0, 64);  // elements between fp16 atom columns
+        constexpr int kAtomColumnBytes = kSlotsPerTile * 128;  // between the tile's 64-column swizzle atoms
+        static_assert(typename L::K{}(0, 64) * sizeof(half_t) == kAtomColumnBytes, "atom columns of the fp16 tile");
 
         // Each row's kv index is loaded one tile ahead of its use, so the load's latency is hidden.
         auto raw_index = [&](int64_t tile) {
@@ -180,19 +201,29 @@ __device__ void prefill(const SparseMlaParams& p) {
         };
         auto convert_half = [&](int buffer, int half) {
             const int slot = half * kHalfSlots + row;
-            Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
             const uint8_t* src = landing + slot * D + 16 * part;
-            half_t* lo = &sK(slot, 16 * part);
-            half_t* hi = &sK(slot, 16 * part + 8);
+            // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain
+            // shared addresses: CuTe's swizzled pointers would become generic stores)
+            uint8_t* tile = reinterpret_cast<uint8_t*>(kv16(buffer));
+            uint8_t* lo = tile + sw128_byte(slot, 16 * part);
+            uint8_t* hi = tile + sw128_byte(slot, 16 * part + 8);
+            // a group's loads first, so that their latencies overlap (all of them would spill)
+            constexpr int kGroup = 2;
 #pragma unroll
-            for (int m = 0; m < kChunksPerThread; ++m) {
-                const uint4 e4m3 = *reinterpret_cast<const uint4*>(src + 64 * m);
-                const uint32_t w[4] = {e4m3.x, e4m3.y, e4m3.z, e4m3.w};
-                uint32_t h[8];
+            for (int m0 = 0; m0 < kChunksPerThread; m0 += kGroup) {
+                uint4 e4m3[kGroup];
 #pragma unroll
-                for (int i = 0; i < 8; ++i) h[i] = e4m3x2_to_half2(w[i / 2] >> (16 * (i % 2)));
-                *reinterpret_cast<uint4*>(lo + m * kAtomColumn) = make_uint4(h[0], h[1], h[2], h[3]);
-                *reinterpret_cast<uint4*>(hi + m * kAtomColumn) = make_uint4(h[4], h[5], h[6], h[7]);
+                for (int m = m0; m < m0 + kGroup && m < kChunksPerThread; ++m)
+                    e4m3[m - m0] = *reinterpret_cast<const uint4*>(src + 64 * m);
+#pragma unroll
+                for (int m = m0; m < m0 + kGroup && m < kChunksPerThread; ++m) {
+                    const uint32_t w[4] = {e4m3[m - m0].x, e4m3[m - m0].y, e4m3[m - m0].z, e4m3[m - m0].w};
+                    uint32_t h[8];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) h[i] = e4m3x2_to_half2(w[i / 2] >> (16 * (i % 2)));
+                    *reinterpret_cast<uint4*>(lo + m * kAtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
+                    *reinterpret_cast<uint4*>(hi + m * kAtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
+                }
             }
         };
 
@@ -261,68 +292,133 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(wg_tid);
-    Tensor tOrP = thr_pv.partition_fragment_A(sP);
     Tensor o = partition_fragment_C(mma_pv, Shape<Int<kHeadsPerCta>, Int<kDvPerWg>>{});
     clear(o);
     auto mma_qk = make_tiled_mma(MmaQK{});
     auto thr_qk = mma_qk.get_thread_slice(wg_tid);
-    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // base-2 logits of rows row0 and row0 + 8
-    float row_sum[2] = {0.f, 0.f};                       // over this thread's slots, reduced at the end
+    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running max (base-2 logits) of rows row0, row0 + 8
+    float row_sum[2] = {0.f, 0.f};                       // over this warpgroup's own slots, reduced at the end
 
+    // The running max moves to new_max: O and the row sums are rescaled. Returns the shift of the
+    // exponent (0 while every slot so far is invalid). Both warpgroups compute it from the same
+    // values, so they agree bit for bit.
+    auto move_max = [&](const float (&new_max)[2], float (&shift)[2]) {
+        for (int r = 0; r < 2; ++r) {
+            shift[r] = new_max[r] == -CUDART_INF_F ? 0.f : new_max[r];
+            const float alpha = exp2f(row_max[r] - shift[r]);
+            row_max[r] = new_max[r];
+            row_sum[r] *= alpha;
+            CUTE_UNROLL
+            for (int i = 0; i < size(o); ++i)
+                if (acc_row(i) == r) o(i) *= alpha;
+        }
+    };
+    // O += P V on this warpgroup's half of d_v, issued without waiting; P from the tile's buffer.
+    auto pv_from_smem = [&](int buffer) {
+        Tensor sV = make_tensor(make_smem_ptr(kv16(buffer)), typename L::V{});
+        Tensor sP = make_tensor(make_smem_ptr(kv16(buffer) + L::p_offset), typename L::P{});
+        Tensor tOrP = thr_pv.partition_fragment_A(sP);
+        Tensor tOdV = thr_pv.partition_fragment_B(local_tile(sV, Shape<Int<kDvPerWg>, Int<kSlotsPerTile>>{}, make_coord(wg, 0)));
+        warpgroup_fence_operand(o);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma_pv, tOrP(_, _, k), tOdV(_, _, k), o);
+        warpgroup_commit_batch();
+    };
+
+    // Every tile is shared: S = Q K^T is split along d_qk (each warpgroup sums its half of the K
+    // steps over all 64 slots, m64n64) and the partial sums are exchanged, so that each warpgroup
+    // has S of its own 32 slots; after the softmax both multiply all 64 slots of P by their half of V.
+    constexpr int kKStepsPerWg = kKSteps / kConsumerWarpgroups;
+    static_assert(kKStepsPerWg % kQkBatch == 0, "QK^T K steps come in whole batches per warpgroup");
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const int buffer = tile % kKvBuffers;
         bar_sync(kFullBar0 + buffer, kThreads);
-        Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
-        Tensor sV = make_tensor(make_smem_ptr(kv16(buffer)), typename L::V{});
-        // One descriptor for this warpgroup's 32 rows; a K step adds its byte offset (>> 4, the
-        // descriptor's address unit), so that no descriptor per K step is held in registers.
-        const uint64_t k_desc = static_cast<uint64_t>(
-            thr_qk.partition_fragment_B(local_tile(sK, Shape<Int<kSlotsPerWg>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
-        Tensor tOdV = thr_pv.partition_fragment_B(local_tile(sV, Shape<Int<kDvPerWg>, Int<kSlotsPerTile>>{}, make_coord(wg, 0)));
-
-        // S = Q K^T on this warpgroup's 32 slots. A batch's Q fragments stay in registers until
-        // its wgmmas have read them: two batches in flight, each with its own registers.
-        float s[16];
-        auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], int batch) {
+        float acc[kSlotsPerTile / 2];
+        {
+            Tensor sK = make_tensor(make_smem_ptr(kv16(buffer)), typename L::K{});
+            // One descriptor for the tile; a K step adds its byte offset (>> 4, the descriptor's
+            // address unit), so that no descriptor per K step is held in registers.
+            const uint64_t k_desc = static_cast<uint64_t>(
+                thr_qk.partition_fragment_B(local_tile(sK, Shape<Int<kSlotsPerTile>, Int<D>>{}, make_coord(0, 0)))(0, 0, 0));
+            // A batch's Q fragments stay in registers until its wgmmas have read them: two batches
+            // in flight, each with its own registers.
+            auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], uint32_t (&a_prev)[kQkBatch][4], int batch) {
+                CUTE_UNROLL
+                for (int j = 0; j < kQkBatch; ++j) {
+                    const int ks = wg * kKStepsPerWg + batch * kQkBatch + j;
+                    const uint2 e4m3 = q_frag[ks * kWarpgroupThreads + wg_tid];
+                    a[j][0] = e4m3x2_to_half2(e4m3.x);
+                    a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
+                    a[j][2] = e4m3x2_to_half2(e4m3.y);
+                    a[j][3] = e4m3x2_to_half2(e4m3.y >> 16);
+                }
+                CUTE_UNROLL
+                for (int i = 0; i < kSlotsPerTile / 2; ++i) warpgroup_fence_operand(acc[i]);
+                warpgroup_arrive();
+                CUTE_UNROLL
+                for (int j = 0; j < kQkBatch; ++j) {
+                    const int ks = wg * kKStepsPerWg + batch * kQkBatch + j;
+                    const uint64_t desc = k_desc + typename L::K{}(0, ks * kKStep) * sizeof(half_t) / 16;
+                    wgmma_rs<MmaQK>(a[j], desc, acc, batch + j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
+                                    std::make_index_sequence<kSlotsPerTile / 2>{});
+                }
+                warpgroup_commit_batch();
+                warpgroup_wait<1>();
+                // the previous batch is done: only now may its A registers be reused
+                CUTE_UNROLL
+                for (int j = 0; j < kQkBatch; ++j)
+                    for (int k = 0; k < 4; ++k) warpgroup_fence_operand(a_prev[j][k]);
+            };
+            uint32_t a_even[kQkBatch][4], a_odd[kQkBatch][4];
             CUTE_UNROLL
-            for (int j = 0; j < kQkBatch; ++j) {
-                const uint2 e4m3 = q_frag[(batch * kQkBatch + j) * kWarpgroupThreads + wg_tid];
-                a[j][0] = e4m3x2_to_half2(e4m3.x);
-                a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
-                a[j][2] = e4m3x2_to_half2(e4m3.y);
-                a[j][3] = e4m3x2_to_half2(e4m3.y >> 16);
+            for (int batch = 0; batch < kKStepsPerWg / kQkBatch; batch += 2) {
+                qk_batch(a_even, a_odd, batch);
+                if (batch + 1 < kKStepsPerWg / kQkBatch) qk_batch(a_odd, a_even, batch + 1);
             }
+            warpgroup_wait<0>();
             CUTE_UNROLL
-            for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
-            warpgroup_arrive();
+            for (int i = 0; i < kSlotsPerTile / 2; ++i) warpgroup_fence_operand(acc[i]);
             CUTE_UNROLL
-            for (int j = 0; j < kQkBatch; ++j) {
-                const int ks = batch * kQkBatch + j;
-                const uint64_t desc = k_desc + typename L::K{}(0, ks * kKStep) * sizeof(half_t) / 16;
-                MmaQK::fma(a[j][0], a[j][1], a[j][2], a[j][3], desc,
-                           s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
-                           s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15],
-                           ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-            }
-            warpgroup_commit_batch();
-            warpgroup_wait<1>();
-        };
-        uint32_t a_even[kQkBatch][4], a_odd[kQkBatch][4];
-        CUTE_UNROLL
-        for (int batch = 0; batch < kKSteps / kQkBatch; batch += 2) {
-            qk_batch(a_even, batch);
-            if (batch + 1 < kKSteps / kQkBatch) qk_batch(a_odd, batch + 1);
+            for (int j = 0; j < kQkBatch; ++j)
+                for (int k = 0; k < 4; ++k) warpgroup_fence_operand(a_even[j][k]), warpgroup_fence_operand(a_odd[j][k]);
         }
-        warpgroup_wait<0>();
-        CUTE_UNROLL
-        for (int i = 0; i < 16; ++i) warpgroup_fence_operand(s[i]);
+
+        // Hand the peer the partial sums of its slots (element i of this thread's 16 is at the same
+        // (row, slot) in both warpgroups; float4 j of thread t goes to [j][t]): warpgroup 0 through
+        // a region of its own, warpgroup 1 through the tile's columns past d_v, which only it reads
+        // in QK^T, and where P goes once both have read (after the row-max barrier).
+        const uint32_t xchg_wg0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem + xchg_smem_offset(D)));
+        const uint32_t xchg_wg1 = static_cast<uint32_t>(__cvta_generic_to_shared(kv16(buffer) + L::p_offset));
+        // (selects with constant indices: a register array indexed at run time would go to memory)
+        auto part = [&](bool upper, int i) { return upper ? acc[kSlotsPerTile / 4 + i] : acc[i]; };
+        {
+            const uint32_t to_peer = (wg == 0 ? xchg_wg0 : xchg_wg1) + 16 * wg_tid;
+            CUTE_UNROLL
+            for (int j = 0; j < kSlotsPerTile / 16; ++j)
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(to_peer + j * 16 * kWarpgroupThreads),
+                             "f"(part(wg == 0, 4 * j)), "f"(part(wg == 0, 4 * j + 1)),
+                             "f"(part(wg == 0, 4 * j + 2)), "f"(part(wg == 0, 4 * j + 3)) : "memory");
+        }
+        bar_sync(kConsumersBar, kConsumerThreads);  // both halves of d_qk posted
+        float s[kSlotsPerTile / 4];
+        {
+            const uint32_t from_peer = (wg == 0 ? xchg_wg1 : xchg_wg0) + 16 * wg_tid;
+            CUTE_UNROLL
+            for (int j = 0; j < kSlotsPerTile / 16; ++j) {
+                float x[4];
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                             : "r"(from_peer + j * 16 * kWarpgroupThreads) : "memory");
+                for (int k = 0; k < 4; ++k) s[4 * j + k] = part(wg == 1, 4 * j + k) + x[k];
+            }
+        }
 
         // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
         const int32_t* valid = slot_valid[buffer];
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
         CUTE_UNROLL
-        for (int i = 0; i < 16; ++i) {
-            const int slot = kSlotsPerWg * wg + acc_col(i, tig);
+        for (int i = 0; i < kSlotsPerTile / 4; ++i) {
+            const int slot = kSlotsPerTile / 2 * wg + acc_col(i, tig);
             s[i] = valid[slot] ? s[i] * logit_scale : -CUDART_INF_F;
             tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
         }
@@ -330,41 +426,28 @@ __device__ void prefill(const SparseMlaParams& p) {
             tile_max[r] = quad_max(tile_max[r]);
             if (tig == 0) row_share[wg][row0 + 8 * r] = tile_max[r];
         }
-        bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted
-        float shift[2];
-        for (int r = 0; r < 2; ++r) {
-            // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
-            const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], row_share[wg ^ 1][row0 + 8 * r]));
-            shift[r] = new_max == -CUDART_INF_F ? 0.f : new_max;  // all slots so far invalid
-            const float alpha = exp2f(row_max[r] - shift[r]);
-            row_max[r] = new_max;
-            row_sum[r] *= alpha;
-            CUTE_UNROLL
-            for (int i = 0; i < size(o); ++i)
-                if (acc_row(i) == r) o(i) *= alpha;
-        }
+        bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted; partial sums read
+        float new_max[2], shift[2];
+        // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
+        for (int r = 0; r < 2; ++r) new_max[r] = fmaxf(row_max[r], fmaxf(tile_max[r], row_share[wg ^ 1][row0 + 8 * r]));
+        move_max(new_max, shift);
         CUTE_UNROLL
-        for (int i = 0; i < 16; i += 2) {
+        for (int i = 0; i < kSlotsPerTile / 4; i += 2) {
             const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
             row_sum[acc_row(i)] += p0 + p1;
-            const int slot = kSlotsPerWg * wg + acc_col(i, tig);
-            *reinterpret_cast<uint32_t*>(&sP(row0 + 8 * acc_row(i), slot)) = pack_half2(p0, p1);
+            const uint32_t at = xchg_wg1 + sw128_byte(row0 + 8 * acc_row(i), kSlotsPerTile / 2 * wg + acc_col(i, tig));
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack_half2(p0, p1)) : "memory");
         }
         fence_for_tensor_cores();
         bar_sync(kConsumersBar, kConsumerThreads);  // P complete
 
-        // O += P V: all 64 slots, this warpgroup's half of d_v.
-        warpgroup_fence_operand(o);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma_pv, tOrP(_, _, k), tOdV(_, _, k), o);
-        warpgroup_commit_batch();
+        pv_from_smem(buffer);
         warpgroup_wait<0>();
         warpgroup_fence_operand(o);
         bar_arrive(kEmptyBar0 + buffer, kThreads);
     }
 
-    // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
+    // Row sums: each warpgroup holds its own tiles' share; add them in a fixed order.
     bar_sync(kConsumersBar, kConsumerThreads);
     for (int r = 0; r < 2; ++r) {
         row_sum[r] = quad_sum(row_sum[r]);
