@@ -314,7 +314,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
     };
     // O += P V on this warpgroup's half of d_v, issued without waiting; P from the tile's buffer.
-    auto pv_from_smem = [&](int buffer) {
+    auto pv = [&](int buffer) {
         Tensor sV = make_tensor(make_smem_ptr(kv16(buffer)), typename L::V{});
         Tensor sP = make_tensor(make_smem_ptr(kv16(buffer) + L::p_offset), typename L::P{});
         Tensor tOrP = thr_pv.partition_fragment_A(sP);
@@ -441,7 +441,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         fence_for_tensor_cores();
         bar_sync(kConsumersBar, kConsumerThreads);  // P complete
 
-        pv_from_smem(buffer);
+        pv(buffer);
         warpgroup_wait<0>();
         warpgroup_fence_operand(o);
         bar_arrive(kEmptyBar0 + buffer, kThreads);
