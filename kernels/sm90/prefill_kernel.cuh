@@ -299,8 +299,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running max (base-2 logits) of rows row0, row0 + 8
     float row_sum[2] = {0.f, 0.f};                       // over this warpgroup's own slots, reduced at the end
 
-    // The running max moves to new_max: O and the row sums are rescaled. Returns the shift of the
-    // exponent (0 while every slot so far is invalid). Both warpgroups compute it from the same
+    // The running max moves to new_max: O and the row sums are rescaled; shift is what the exponents
+    // subtract (0 while every slot so far is invalid). Both warpgroups compute it from the same
     // values, so they agree bit for bit.
     auto move_max = [&](const float (&new_max)[2], float (&shift)[2]) {
         for (int r = 0; r < 2; ++r) {
@@ -344,10 +344,10 @@ __device__ void prefill(const SparseMlaParams& p) {
             // A batch's Q fragments stay in registers until its wgmmas have read them: two batches
             // in flight, each with its own registers.
             auto qk_batch = [&](uint32_t (&a)[kQkBatch][4], uint32_t (&a_prev)[kQkBatch][4], int batch) {
+                const int ks0 = wg * kKStepsPerWg + batch * kQkBatch;  // this batch's first K step
                 CUTE_UNROLL
                 for (int j = 0; j < kQkBatch; ++j) {
-                    const int ks = wg * kKStepsPerWg + batch * kQkBatch + j;
-                    const uint2 e4m3 = q_frag[ks * kWarpgroupThreads + wg_tid];
+                    const uint2 e4m3 = q_frag[(ks0 + j) * kWarpgroupThreads + wg_tid];
                     a[j][0] = e4m3x2_to_half2(e4m3.x);
                     a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
                     a[j][2] = e4m3x2_to_half2(e4m3.y);
@@ -358,8 +358,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 warpgroup_arrive();
                 CUTE_UNROLL
                 for (int j = 0; j < kQkBatch; ++j) {
-                    const int ks = wg * kKStepsPerWg + batch * kQkBatch + j;
-                    const uint64_t desc = k_desc + typename L::K{}(0, ks * kKStep) * sizeof(half_t) / 16;
+                    const uint64_t desc = k_desc + typename L::K{}(0, (ks0 + j) * kKStep) * sizeof(half_t) / 16;
                     wgmma_rs<MmaQK>(a[j], desc, acc, batch + j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
                                     std::make_index_sequence<kSlotsPerTile / 2>{});
                 }
@@ -447,7 +446,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         bar_arrive(kEmptyBar0 + buffer, kThreads);
     }
 
-    // Row sums: each warpgroup holds its own tiles' share; add them in a fixed order.
+    // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
     bar_sync(kConsumersBar, kConsumerThreads);
     for (int r = 0; r < 2; ++r) {
         row_sum[r] = quad_sum(row_sum[r]);
