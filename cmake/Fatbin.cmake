@@ -18,8 +18,8 @@ file(GLOB sparse_mla_kernel_headers CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/kernels/*.h ${PROJECT_SOURCE_DIR}/kernels/sm90/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/*.h)
 
 function(sparse_mla_add_fatbin d_qk out_file out_kernel)
-  # The kernel keeps kv rows as 128-byte-swizzled fp16 tiles (64 columns per swizzle atom), two of
-  # them plus an fp8 landing tile and Q in shared memory: 512 and 576 fit, 640 would not.
+  # The kernel keeps three e4m3 kv tiles and Q in 64-column swizzle atoms, plus an fp16 V tile, in
+  # shared memory: d_qk must hold d_v (512) in whole atoms, and 576 fits where 640 would not.
   if(NOT d_qk MATCHES "^(512|576)$")
     message(FATAL_ERROR "SPARSE_MLA_HEAD_DIMS: the SM90 kernel is built for d_qk 512 and 576, not ${d_qk}")
   endif()
