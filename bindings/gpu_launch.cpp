@@ -75,7 +75,17 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
         check(err, "setting the kernel's shared memory size");
     }
 
-    const dim3 grid(static_cast<unsigned>(p.s_q * cfg::head_blocks(p.h_q)));
+    // A persistent grid: one CTA per SM (all the shared memory one CTA can have), each taking work
+    // items in turn.
+    static std::map<int, int> sm_counts;
+    auto sms = sm_counts.find(device);
+    if (sms == sm_counts.end()) {
+        int n = 0;
+        check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+        sms = sm_counts.emplace(device, n).first;
+    }
+    const int64_t items = p.s_q * cfg::head_blocks(p.h_q);
+    const dim3 grid(static_cast<unsigned>(items < sms->second ? items : sms->second));
     SparseMlaParams params = p;
     void* args[] = {&params};
     check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(cfg::kThreads), args, smem,

@@ -1,16 +1,18 @@
-"""A small prefill for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk."""
+"""Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk;
+the last has more work items than SMs, so that CTAs of the persistent grid take several, some empty."""
 import torch
 
 import sparse_mla_fp8
 
 dev = torch.device("cuda")
-for d_qk, h_q, topk in [(576, 70, 100), (512, 16, 64)]:
-    s_q, s_kv = 3, 200
+for d_qk, h_q, topk, s_q in [(576, 70, 100, 3), (512, 16, 64, 3), (576, 70, 100, 300)]:
+    s_kv = 200
     q = (torch.randn(s_q, h_q, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
     kv = (torch.randn(s_kv, 1, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
     indices = torch.randint(-10, s_kv + 10, (s_q, 1, topk), device=dev, dtype=torch.int32)
     indices[0, 0, :4] = torch.tensor([-(2**31), 2**31 - 1, 5, 5], dtype=torch.int32)
-    topk_length = torch.tensor([topk, topk // 2, 0], device=dev, dtype=torch.int32)
+    topk_length = torch.randint(0, topk + 1, (s_q,), device=dev, dtype=torch.int32)
+    topk_length[:3] = torch.tensor([topk, topk // 2, 0], dtype=torch.int32)
     sink = torch.randn(h_q, device=dev)
     out, max_logits, lse = sparse_mla_fp8.prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink, topk_length=topk_length)
     torch.cuda.synchronize()

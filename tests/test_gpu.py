@@ -63,6 +63,21 @@ def test_full_heads_with_length_and_sink(cuda, d_qk):
         assert cuda.raw(a) == cuda.raw(b), "two runs on identical input differ"
 
 
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_more_items_than_sms(cuda, d_qk):
+    """The grid is persistent: with 600 (token, 64-head) items each CTA takes several in turn, and the
+    items without slots (topk_length 0) sit between others."""
+    s_q, s_kv, h_q, topk = 300, 2000, 70, 150
+    case = random_case(seed_of("items", d_qk), s_q, s_kv, h_q, d_qk, topk)
+    rng = np.random.default_rng(d_qk + 1)
+    case.topk_length = np.where(rng.random(s_q) < 0.2, 0, rng.integers(1, topk + 1, s_q)).astype(np.int32)
+    case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    invalid = rng.random(case.indices.shape) < 0.1
+    case.indices[invalid] = rng.choice(np.array([-1, s_kv, INT_MIN, INT_MAX], np.int32), invalid.sum())
+    case.poison_unreferenced_kv()
+    run_and_check(cuda, case)
+
+
 class _Protocol:  # only __cuda_stream__, as CUDA Python and other libraries export it
     def __init__(self, stream):
         self.stream = stream

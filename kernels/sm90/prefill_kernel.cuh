@@ -16,6 +16,8 @@
 //      of d_v;
 //   5. at the end, max_logits is recomputed exactly (fp32 sums of the e4m3 products) for the slot
 //      that the running maximum names, and that exact term replaces its own in the sum behind lse.
+// The grid is persistent (one CTA per SM, items taken in turn): the producer's stream of tiles runs
+// on from one item into the next, and the next item's Q loads while this one's epilogue runs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -194,23 +196,23 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
 
     const int tid = threadIdx.x;
+    // Work items: (token, 64 heads), item k = token k / n_head_blocks. The grid is persistent: CTA c
+    // takes items c, c + gridDim.x, ..., so that one item's epilogue and the next one's first gathers
+    // and Q overlap. An item's result does not depend on which CTA computes it.
     const int64_t n_head_blocks = head_blocks(p.h_q);
-    const int64_t t = blockIdx.x / n_head_blocks;
-    const int64_t head0 = (blockIdx.x % n_head_blocks) * kHeadsPerCta;
+    const int64_t n_items = p.s_q * n_head_blocks;
 
     const float q_scale = p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale;
     const float kv_scale = p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale;
     const float logit_scale = p.sm_scale * q_scale * kv_scale * kLog2e;
 
-    int64_t n_slots = p.topk;
-    if (p.topk_length) {
+    // the slots of token t (topk_length clamped to [0, topk]) and their tiles (topk < 2^37)
+    auto slots_of = [&](int64_t t) -> int64_t {
+        if (!p.topk_length) return p.topk;
         const int64_t len = p.topk_length[t * p.topk_length_stride];
-        n_slots = len < 0 ? 0 : (len < p.topk ? len : p.topk);
-    }
-    const int n_tiles = static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile);  // topk < 2^37
-    const int32_t* idx_row = p.indices + t * p.indices_stride_s;
-    // the index of a slot (-1 past n_slots), and whether it names a kv row
-    auto slot_index = [&](int64_t slot) { return slot < n_slots ? idx_row[slot] : -1; };
+        return len < 0 ? 0 : (len < p.topk ? len : p.topk);
+    };
+    auto tiles_of = [](int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); };
     auto in_range = [&](int32_t j) { return j >= 0 && j < p.s_kv; };
 
     if (tid >= kConsumerThreads) {
@@ -225,19 +227,40 @@ __device__ void prefill(const SparseMlaParams& p) {
         constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
         constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
 
-        // the indices of this thread's two slots in a tile (a pair, not an array: an array indexed in
-        // a loop would go to memory), loaded a gather ahead and checked only there, to hide the latency
-        auto tile_indices = [&](int tile) {
-            const int64_t slot = static_cast<int64_t>(tile) * kSlotsPerTile + row;
-            return make_int2(slot_index(slot), slot_index(slot + kHalfSlots));
+        // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
+        struct Cursor {
+            int64_t item, n_slots;
+            const int32_t* idx_row;
+            int tile, n_tiles;
+        } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
+        auto open_item = [&]() {  // from next.item on, the first item with tiles
+            for (; next.item < n_items; next.item += gridDim.x) {
+                const int64_t t = next.item / n_head_blocks;
+                next.n_slots = slots_of(t);
+                next.n_tiles = tiles_of(next.n_slots);
+                next.idx_row = p.indices + t * p.indices_stride_s;
+                next.tile = 0;
+                if (next.n_tiles > 0) return;
+            }
         };
-        auto gather = [&](int tile, int2 indices) {
-            const int buffer = tile % kLandingBuffers;
+        // the indices of this thread's two slots in the cursor's tile (-1 past n_slots; a pair, not an
+        // array: an array indexed in a loop would go to memory), loaded a gather ahead and checked
+        // only there, to hide the latency
+        auto tile_indices = [&]() {
+            const int64_t slot = static_cast<int64_t>(next.tile) * kSlotsPerTile + row;
+            auto index = [&](int64_t s) { return s < next.n_slots ? next.idx_row[s] : -1; };
+            return next.item < n_items ? make_int2(index(slot), index(slot + kHalfSlots)) : make_int2(-1, -1);
+        };
+        // the validity of this thread's two slots in each landing buffer, posted to the consumers only
+        // when the tile is announced: the flags of a buffer are then rewritten long after the
+        // consumers last read them
+        uint32_t valid_bits = 0;
+        auto gather = [&](int buffer, int2 indices) {
             for (int half = 0; half < 2; ++half) {
                 const int slot = half * kHalfSlots + row;
                 const int32_t j = half ? indices.y : indices.x;
                 const bool valid = in_range(j);
-                if (part == 0) slot_valid[buffer][slot] = valid;
+                valid_bits = (valid_bits & ~(1u << (2 * buffer + half))) | (static_cast<uint32_t>(valid) << (2 * buffer + half));
                 uint8_t* dst = landing(buffer) + sw64_chunk(slot, part);
                 // an invalid row is zero-filled: cp.async then reads nothing at src
                 const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
@@ -255,10 +278,10 @@ __device__ void prefill(const SparseMlaParams& p) {
             }
             cute::cp_async_fence();
         };
-        auto convert_v = [&](int tile) {
+        auto convert_v = [&](int buffer) {
             for (int half = 0; half < 2; ++half) {
                 const int slot = half * kHalfSlots + row;
-                const uint8_t* src = landing(tile % kLandingBuffers) + sw64_chunk(slot, part);
+                const uint8_t* src = landing(buffer) + sw64_chunk(slot, part);
                 // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain
                 // shared addresses: CuTe's swizzled pointers would become generic stores)
                 uint8_t* lo = v16 + sw128_byte(slot, 16 * part);
@@ -287,37 +310,42 @@ __device__ void prefill(const SparseMlaParams& p) {
         // Tile i + kLandingBuffers - 1 is gathered while tile i is computed. One cp.async group per
         // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
         // of the consumers is waited for exactly once.
-        int2 next_indices = tile_indices(0);
-        for (int tile = 0; tile < kLandingBuffers - 1; ++tile) {
-            if (tile < n_tiles) {
-                const int2 indices = next_indices;
-                next_indices = tile_indices(tile + 1);
-                gather(tile, indices);
-            } else {
+        open_item();
+        int2 next_indices = tile_indices();
+        int n_gathered = 0;
+        auto gather_next = [&]() {
+            if (next.item >= n_items) {
                 cute::cp_async_fence();
+                return;
             }
-        }
-        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int2 indices = next_indices;
+            if (++next.tile == next.n_tiles) {
+                next.item += gridDim.x;
+                open_item();
+            }
+            next_indices = tile_indices();
+            gather(n_gathered++ % kLandingBuffers, indices);
+        };
+        for (int i = 0; i < kLandingBuffers - 1; ++i) gather_next();
+        for (int tile = 0; tile < n_gathered; ++tile) {
+            const int buffer = tile % kLandingBuffers;
             cute::cp_async_wait<kLandingBuffers - 2>();
             fence_for_tensor_cores();
-            bar_arrive(kLandingFullBar0 + tile % kLandingBuffers, kThreads);
-            const int ahead = tile + kLandingBuffers - 1;
-            if (tile >= 1) bar_sync(kLandingEmptyBar0 + ahead % kLandingBuffers, kThreads);  // QK^T of tile - 1 done
-            if (ahead < n_tiles) {
-                const int2 indices = next_indices;
-                next_indices = tile_indices(ahead + 1);
-                gather(ahead, indices);
-            } else {
-                cute::cp_async_fence();
+            if (part == 0) {
+                slot_valid[buffer][row] = (valid_bits >> (2 * buffer)) & 1;
+                slot_valid[buffer][kHalfSlots + row] = (valid_bits >> (2 * buffer + 1)) & 1;
             }
+            bar_arrive(kLandingFullBar0 + buffer, kThreads);
+            if (tile >= 1) bar_sync(kLandingEmptyBar0 + (tile - 1) % kLandingBuffers, kThreads);  // QK^T of tile - 1 done
+            gather_next();
             bar_sync(kProducersBar, kProducerThreads);  // tile landed, from every thread
             if (tile >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of tile - 1 done
-            convert_v(tile);
+            convert_v(buffer);
             fence_for_tensor_cores();
             bar_arrive(kV16FullBar, kThreads);
         }
-        if (n_tiles >= 1) {
-            bar_sync(kLandingEmptyBar0 + (n_tiles - 1) % kLandingBuffers, kThreads);
+        if (n_gathered >= 1) {
+            bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kLandingBuffers, kThreads);
             bar_sync(kV16EmptyBar, kThreads);
         }
         return;
@@ -329,21 +357,23 @@ __device__ void prefill(const SparseMlaParams& p) {
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
 
-    // Q into its swizzled tile; heads past h_q are zero rows.
-    for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
-        const int r = u / kChunks, c = u % kChunks;
-        const bool valid = head0 + r < p.h_q;
-        const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
-        copy_chunk(q_tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
-    }
-    cute::cp_async_wait<0>();
-    fence_for_tensor_cores();
-    bar_sync(kConsumersBar, kConsumerThreads);
+    // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item as
+    // soon as this item's last QK^T is done, so the epilogue hides it.
+    auto load_q = [&](int64_t item) {
+        const int64_t t = item / n_head_blocks, head0 = (item % n_head_blocks) * kHeadsPerCta;
+        for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
+            const int r = u / kChunks, c = u % kChunks;
+            const bool valid = head0 + r < p.h_q;
+            const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
+            copy_chunk(q_tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
+        }
+        cute::cp_async_fence();
+    };
+    if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(wg_tid);
     Tensor o = partition_fragment_C(mma_pv, Shape<Int<kHeadsPerCta>, Int<kDvPerWg>>{});
-    clear(o);
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     // One descriptor per operand; a K step adds its byte offset (>> 4, the descriptor's address
     // unit), so that no descriptor per K step is held in registers.
@@ -363,10 +393,10 @@ __device__ void prefill(const SparseMlaParams& p) {
         return d;
     };
 
-    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // running max (base-2 logits, slot in the low bits)
-    float row_ref[2] = {-CUDART_INF_F, -CUDART_INF_F};  // what the exponents subtract; O and the sums are relative to it
-    float row_sum[2] = {0.f, 0.f};                       // over this warpgroup's own slots, reduced at the end
-    int max_tile[2] = {0, 0};                            // the tile of the running max
+    // per item: running max (base-2 logits, slot in the low bits), what the exponents subtract (O and
+    // the sums are relative to it), the row sums over this warpgroup's own slots, the tile of the max
+    float row_max[2] = {}, row_ref[2] = {}, row_sum[2] = {};
+    int max_tile[2] = {};
 
     // The reference follows the running max lazily: O and the row sums are rescaled only when some
     // row of the warp has a max more than kRescaleSlack above its reference, so P stays below
@@ -401,137 +431,163 @@ __device__ void prefill(const SparseMlaParams& p) {
     };
 
     const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + L::p_offset * sizeof(half_t);
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        const int buffer = tile % kLandingBuffers;
-        bar_sync(kLandingFullBar0 + buffer, kThreads);
+    int cta_tile = 0;  // this CTA's tiles so far, across items: names the landing buffer
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const int64_t t = item / n_head_blocks, head0 = (item % n_head_blocks) * kHeadsPerCta;
+        const int64_t n_slots = slots_of(t);
+        const int n_tiles = tiles_of(n_slots);
+        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const bool more = item + gridDim.x < n_items;
+        cute::cp_async_wait<0>();
+        fence_for_tensor_cores();
+        bar_sync(kConsumersBar, kConsumerThreads);  // Q landed; the previous item's epilogue is done in both warpgroups
+        clear(o);
+        for (int r = 0; r < 2; ++r) row_max[r] = row_ref[r] = -CUDART_INF_F, row_sum[r] = 0.f, max_tile[r] = 0;
 
-        // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of two
-        // register sets, and is added into s while the next one runs.
-        float s[kAcc] = {};
-        {
-            const uint64_t kd = k_desc(buffer);
-            float part[2][kAcc];
-            auto issue = [&](int ks) {
+        for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
+            const int buffer = cta_tile % kLandingBuffers;
+            bar_sync(kLandingFullBar0 + buffer, kThreads);
+
+            // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of two
+            // register sets, and is added into s while the next one runs.
+            float s[kAcc] = {};
+            {
+                const uint64_t kd = k_desc(buffer);
+                float part[2][kAcc];
+                auto issue = [&](int ks) {
+                    CUTE_UNROLL
+                    for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % 2][i]);
+                    warpgroup_arrive();
+                    wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % 2], GMMA::ScaleOut::Zero,
+                                    std::make_index_sequence<kAcc>{});
+                    warpgroup_commit_batch();
+                };
+                auto add = [&](int ks) {
+                    CUTE_UNROLL
+                    for (int i = 0; i < kAcc; ++i) {
+                        warpgroup_fence_operand(part[ks % 2][i]);
+                        s[i] += part[ks % 2][i];
+                    }
+                };
+                issue(0);
                 CUTE_UNROLL
-                for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % 2][i]);
-                warpgroup_arrive();
-                wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % 2], GMMA::ScaleOut::Zero,
-                                std::make_index_sequence<kAcc>{});
-                warpgroup_commit_batch();
-            };
-            auto add = [&](int ks) {
+                for (int ks = 1; ks < kKSteps; ++ks) {
+                    issue(ks);
+                    warpgroup_wait<1>();
+                    add(ks - 1);
+                }
+                warpgroup_wait<0>();
+                add(kKSteps - 1);
+            }
+
+            // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
+            float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+            {
+                const int32_t* valid = slot_valid[buffer];
                 CUTE_UNROLL
                 for (int i = 0; i < kAcc; ++i) {
-                    warpgroup_fence_operand(part[ks % 2][i]);
-                    s[i] += part[ks % 2][i];
+                    const int slot = kHalfSlots * wg + acc_col(i, tig);
+                    s[i] = valid[slot] ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+                    tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
                 }
-            };
-            issue(0);
-            CUTE_UNROLL
-            for (int ks = 1; ks < kKSteps; ++ks) {
-                issue(ks);
-                warpgroup_wait<1>();
-                add(ks - 1);
             }
+            bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+            for (int r = 0; r < 2; ++r) {
+                tile_max[r] = quad_max(tile_max[r]);
+                if (tig == 0) row_share[wg][row0 + 8 * r] = tile_max[r];
+            }
+            bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted; P.V of tile - 1 done
+            if (tile == n_tiles - 1 && more) load_q(item + gridDim.x);  // both warpgroups' last QK^T is done
+            // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
+            for (int r = 0; r < 2; ++r) {
+                const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], row_share[wg ^ 1][row0 + 8 * r]));
+                if (new_max > row_max[r]) max_tile[r] = tile;
+                row_max[r] = new_max;
+            }
+            follow_max();
+            // (0 while a row has no valid slot, so that its -inf logits give 0, not NaN)
+            const float shift[2] = {row_ref[0] == -CUDART_INF_F ? 0.f : row_ref[0], row_ref[1] == -CUDART_INF_F ? 0.f : row_ref[1]};
+            CUTE_UNROLL
+            for (int i = 0; i < kAcc; i += 2) {
+                const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
+                row_sum[acc_row(i)] += p0 + p1;
+                const uint32_t at = p_tile + sw128_byte(row0 + 8 * acc_row(i), kHalfSlots * wg + acc_col(i, tig));
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack_half2(p0, p1)) : "memory");
+            }
+            fence_for_tensor_cores();
+            bar_sync(kConsumersBar, kConsumerThreads);  // P complete
+
+            bar_sync(kV16FullBar, kThreads);
+            pv();
             warpgroup_wait<0>();
-            add(kKSteps - 1);
+            warpgroup_fence_operand(o);
+            bar_arrive(kV16EmptyBar, kThreads);
         }
 
-        // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
-        float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+        if (n_tiles == 0 && more) load_q(item + gridDim.x);
+
+        // max_logits, exactly: warpgroup wg takes row row0 + 8 wg, the quad splits its d_qk. The slot
+        // is the running max's; its product with Q (from global memory: the Q tile may hold the next
+        // item's), in fp32.
+        float exact_max = 0.f;
         {
-            const int32_t* valid = slot_valid[buffer];
+            const int head = row0 + 8 * wg;
+            const float m = wg ? row_max[1] : row_max[0];  // (selects: a register array indexed at run time would go to memory)
+            if (head0 + head < p.h_q && m != -CUDART_INF_F) {
+                const int64_t slot = static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(m) & kSlotBits);
+                const int32_t j = slot < n_slots ? idx_row[slot] : -1;
+                if (in_range(j)) {
+                    const uint8_t* kv = p.kv + j * p.kv_stride_s;
+                    const uint8_t* q = p.q + t * p.q_stride_s + (head0 + head) * p.q_stride_h;
+                    // a group's loads first, so that their latencies overlap (all of them beside O would spill)
+                    constexpr int kGroup = 3;
+#pragma unroll
+                    for (int m0 = 0; m0 < kChunks / 4; m0 += kGroup) {
+                        uint4 k[kGroup], qc[kGroup];
+#pragma unroll
+                        for (int m = m0; m < m0 + kGroup && m < kChunks / 4; ++m) {
+                            k[m - m0] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
+                            qc[m - m0] = load_chunk(q + 16 * (tig + 4 * m), p.rows_16b_aligned);
+                        }
+#pragma unroll
+                        for (int m = m0; m < m0 + kGroup && m < kChunks / 4; ++m)
+                            exact_max = dot_e4m3x16(qc[m - m0], k[m - m0], exact_max);
+                    }
+                }
+            }
+            exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
+        }
+
+        // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
+        bar_sync(kConsumersBar, kConsumerThreads);
+        for (int r = 0; r < 2; ++r) {
+            row_sum[r] = quad_sum(row_sum[r]);
+            if (tig == 0) row_share[wg][row0 + 8 * r] = row_sum[r];
+        }
+        bar_sync(kConsumersBar, kConsumerThreads);
+        for (int r = 0; r < 2; ++r) {
+            const int64_t h = head0 + row0 + 8 * r;
+            if (h >= p.h_q) continue;
+            const float sum = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
+            const bool empty = row_max[r] == -CUDART_INF_F;
+            float denom = sum;
+            if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
+            const float o_scale = empty ? 0.f : kv_scale / denom;
+            // one base pointer and constant offsets: 64 addresses held at once would spill
+            __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(
+                p.out + t * p.out_stride_s + h * p.out_stride_h + wg * kDvPerWg + acc_col(0, tig));
             CUTE_UNROLL
-            for (int i = 0; i < kAcc; ++i) {
-                const int slot = kHalfSlots * wg + acc_col(i, tig);
-                s[i] = valid[slot] ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
-                tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
+            for (int i = 0; i < size(o); i += 4) {
+                const int e = i + 2 * r;  // columns 8 (i / 4) + 2 tig, + 1 of row r
+                out[4 * (i / 4)] = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
             }
-        }
-        bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
-        for (int r = 0; r < 2; ++r) {
-            tile_max[r] = quad_max(tile_max[r]);
-            if (tig == 0) row_share[wg][row0 + 8 * r] = tile_max[r];
-        }
-        bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted; P.V of tile - 1 done
-        // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
-        for (int r = 0; r < 2; ++r) {
-            const float new_max = fmaxf(row_max[r], fmaxf(tile_max[r], row_share[wg ^ 1][row0 + 8 * r]));
-            if (new_max > row_max[r]) max_tile[r] = tile;
-            row_max[r] = new_max;
-        }
-        follow_max();
-        // (0 while a row has no valid slot, so that its -inf logits give 0, not NaN)
-        const float shift[2] = {row_ref[0] == -CUDART_INF_F ? 0.f : row_ref[0], row_ref[1] == -CUDART_INF_F ? 0.f : row_ref[1]};
-        CUTE_UNROLL
-        for (int i = 0; i < kAcc; i += 2) {
-            const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
-            row_sum[acc_row(i)] += p0 + p1;
-            const uint32_t at = p_tile + sw128_byte(row0 + 8 * acc_row(i), kHalfSlots * wg + acc_col(i, tig));
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack_half2(p0, p1)) : "memory");
-        }
-        fence_for_tensor_cores();
-        bar_sync(kConsumersBar, kConsumerThreads);  // P complete
-
-        bar_sync(kV16FullBar, kThreads);
-        pv();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(o);
-        bar_arrive(kV16EmptyBar, kThreads);
-    }
-
-    // max_logits, exactly: warpgroup wg takes row row0 + 8 wg, the quad splits its d_qk. The slot
-    // is the running max's; its product with Q, in fp32.
-    float exact_max = 0.f;
-    {
-        const int head = row0 + 8 * wg;
-        const float m = wg ? row_max[1] : row_max[0];  // (selects: a register array indexed at run time would go to memory)
-        if (head0 + head < p.h_q && m != -CUDART_INF_F) {
-            const int32_t j = slot_index(static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(m) & kSlotBits));
-            const bool valid = in_range(j);
-            const uint8_t* kv = p.kv + (valid ? j * p.kv_stride_s : 0);
-            if (valid) {
-                // every load first: one L2 latency, not one per chunk
-                uint4 k[kChunks / 4];
-#pragma unroll
-                for (int m = 0; m < kChunks / 4; ++m) k[m] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
-#pragma unroll
-                for (int m = 0; m < kChunks / 4; ++m)
-                    exact_max = dot_e4m3x16(*reinterpret_cast<const uint4*>(q_tile + sw64_chunk(head, tig + 4 * m)), k[m], exact_max);
+            if (r == wg && tig == 0) {
+                // The exact term of the running max's own slot replaces its tensor-core one in the sum,
+                // which leaves lse only the other slots' (smaller, averaging) errors.
+                const float exact_sum = sum - exp2f(row_max[r] - row_ref[r]) + exp2f(exact_max * kLog2e - row_ref[r]);
+                p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
+                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (row_ref[r] + log2f(exact_sum)) * kLn2;
             }
-        }
-        exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
-    }
-
-    // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
-    bar_sync(kConsumersBar, kConsumerThreads);
-    for (int r = 0; r < 2; ++r) {
-        row_sum[r] = quad_sum(row_sum[r]);
-        if (tig == 0) row_share[wg][row0 + 8 * r] = row_sum[r];
-    }
-    bar_sync(kConsumersBar, kConsumerThreads);
-    for (int r = 0; r < 2; ++r) {
-        const int64_t h = head0 + row0 + 8 * r;
-        if (h >= p.h_q) continue;
-        const float sum = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
-        const bool empty = row_max[r] == -CUDART_INF_F;
-        float denom = sum;
-        if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
-        const float o_scale = empty ? 0.f : kv_scale / denom;
-        // one base pointer and constant offsets: 64 addresses held at once would spill
-        __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(
-            p.out + t * p.out_stride_s + h * p.out_stride_h + wg * kDvPerWg + acc_col(0, tig));
-        CUTE_UNROLL
-        for (int i = 0; i < size(o); i += 4) {
-            const int e = i + 2 * r;  // columns 8 (i / 4) + 2 tig, + 1 of row r
-            out[4 * (i / 4)] = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
-        }
-        if (r == wg && tig == 0) {
-            // The exact term of the running max's own slot replaces its tensor-core one in the sum,
-            // which leaves lse only the other slots' (smaller, averaging) errors.
-            const float exact_sum = sum - exp2f(row_max[r] - row_ref[r]) + exp2f(exact_max * kLog2e - row_ref[r]);
-            p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
-            p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (row_ref[r] + log2f(exact_sum)) * kLn2;
         }
     }
 }
