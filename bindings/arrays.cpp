@@ -204,9 +204,6 @@ SparseMlaParams make_params(const PrefillArgs& a, Device* device) {
         const uintptr_t out_addr = reinterpret_cast<uintptr_t>(a.out.data());
         if (out_addr % 4 || a.out.stride(0) % 2 || a.out.stride(1) % 2)
             throw nb::value_error("out must be 4-byte aligned with even strides (the kernel stores bf16 pairs)");
-        const int64_t blocks = s_q * sparse_mla::sm90::head_blocks(h_q);
-        if (blocks > INT32_MAX)
-            throw nb::value_error(("s_q * ceil(h_q / 64) must be < 2^31, got " + std::to_string(blocks)).c_str());
     }
 
     p.q = static_cast<const uint8_t*>(a.q.data());
