@@ -1,11 +1,15 @@
-"""Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk;
-the last has more work items than SMs, so that CTAs of the persistent grid take several, some empty."""
+"""Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk.
+The last configuration has more work items than SMs, so that CTAs of the persistent grid take several,
+some empty; a hazard may show only in some orders of events, so it runs on several seeds."""
 import torch
 
 import sparse_mla_fp8
 
 dev = torch.device("cuda")
-for d_qk, h_q, topk, s_q in [(576, 70, 100, 3), (512, 16, 64, 3), (576, 70, 100, 300)]:
+MULTI_ITEM_SEEDS = 4
+cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0)] + [(576, 70, 100, 300, seed) for seed in range(MULTI_ITEM_SEEDS)]
+for d_qk, h_q, topk, s_q, seed in cases:
+    torch.manual_seed(seed)
     s_kv = 200
     q = (torch.randn(s_q, h_q, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
     kv = (torch.randn(s_kv, 1, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
@@ -17,4 +21,4 @@ for d_qk, h_q, topk, s_q in [(576, 70, 100, 3), (512, 16, 64, 3), (576, 70, 100,
     out, max_logits, lse = sparse_mla_fp8.prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink, topk_length=topk_length)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
-print("sanitize case ran")
+print(f"sanitize case ran ({len(cases)} prefills)")

@@ -16,6 +16,7 @@ constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer gives regis
 constexpr int kConsumerRegisters = 232;  // 128 x 40 + 256 x 232 = 168 x 384, the registers the CTA launches with
 constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles ahead of QK^T
 constexpr int kKStep = 32;          // K of one FP8 wgmma
+constexpr int kQkSets = 3;          // register sets of QK^T's per-K-step sums: two wgmmas run while one is added
 constexpr int kV16Cols = kDv + kSlotsPerTile;  // fp16 tile: V, then the tile's P
 
 // Shared memory, each wgmma operand 1024-byte aligned for its swizzle:
@@ -23,14 +24,14 @@ constexpr int kV16Cols = kDv + kSlotsPerTile;  // fp16 tile: V, then the tile's 
 //     K-major A of P.V) in the last 64;
 //   kLandingBuffers e4m3 kv tiles [slot][d_qk], K-major B of QK^T in 64-byte swizzle atoms;
 //   Q [head][d_qk] in e4m3, the A of QK^T in the same atoms;
-//   the validity of each landing tile's slots; per-row values (max, sum) handed between the
+//   the validity of each landing tile's slots, a bit each; per-row values (max, sum) handed between the
 //   consumer warpgroups.
 constexpr int e4m3_tile_bytes(int d_qk) { return kSlotsPerTile * d_qk; }
 constexpr int v16_smem_offset(int) { return 0; }
 constexpr int landing_smem_offset(int) { return kSlotsPerTile * kV16Cols * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
 constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
-constexpr int share_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile * 4; }
+constexpr int share_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
 constexpr int smem_bytes(int d_qk) { return share_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 4; }
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }

@@ -13,7 +13,7 @@
 //   4. online softmax in base 2 on each warpgroup's 32 slots, the row maxima exchanged; the slot of
 //      each logit rides in its 6 lowest mantissa bits, so the running maximum names its slot. P goes
 //      into the fp16 tile's columns past d_v, and each warpgroup multiplies all 64 slots by its half
-//      of d_v;
+//      of d_v, a wgmma waited for only under the next tile's first K steps;
 //   5. at the end, max_logits is recomputed exactly (fp32 sums of the e4m3 products) for the slot
 //      that the running maximum names, and that exact term replaces its own in the sum behind lse.
 // The grid is persistent (one CTA per SM, items taken in turn): the producer's stream of tiles runs
@@ -192,7 +192,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     uint8_t* v16 = smem + v16_smem_offset(D);
     auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
     uint8_t* q_tile = smem + q_smem_offset(D);
-    auto slot_valid = reinterpret_cast<int32_t (*)[kSlotsPerTile]>(smem + valid_smem_offset(D));
+    // the validity of a landing tile's slots, a bit each: one word per consumer warpgroup's 32 slots
+    auto slot_valid = reinterpret_cast<uint32_t (*)[kConsumerWarpgroups]>(smem + valid_smem_offset(D));
     auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
 
     const int tid = threadIdx.x;
@@ -331,9 +332,13 @@ __device__ void prefill(const SparseMlaParams& p) {
             const int buffer = tile % kLandingBuffers;
             cute::cp_async_wait<kLandingBuffers - 2>();
             fence_for_tensor_cores();
-            if (part == 0) {
-                slot_valid[buffer][row] = (valid_bits >> (2 * buffer)) & 1;
-                slot_valid[buffer][kHalfSlots + row] = (valid_bits >> (2 * buffer + 1)) & 1;
+            // warp w holds rows 8 w .. 8 w + 7, four lanes each: byte w of each half's word
+            for (int half = 0; half < 2; ++half) {
+                uint32_t bits = __ballot_sync(0xffffffffu, (valid_bits >> (2 * buffer + half)) & 1) & 0x11111111u;
+                bits = (bits | bits >> 3) & 0x03030303u;  // a row's bit every 4 lanes, gathered into a byte
+                bits = (bits | bits >> 6) & 0x000f000fu;
+                bits = (bits | bits >> 12) & 0xffu;
+                if (ptid % 32 == 0) reinterpret_cast<uint8_t*>(&slot_valid[buffer][half])[ptid / 32] = static_cast<uint8_t>(bits);
             }
             bar_arrive(kLandingFullBar0 + buffer, kThreads);
             if (tile >= 1) bar_sync(kLandingEmptyBar0 + (tile - 1) % kLandingBuffers, kThreads);  // QK^T of tile - 1 done
@@ -448,47 +453,69 @@ __device__ void prefill(const SparseMlaParams& p) {
             const int buffer = cta_tile % kLandingBuffers;
             bar_sync(kLandingFullBar0 + buffer, kThreads);
 
-            // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of two
-            // register sets, and is added into s while the next one runs.
+            // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of
+            // kQkSets register sets, and is added into s while the next ones run.
             float s[kAcc] = {};
             {
                 const uint64_t kd = k_desc(buffer);
-                float part[2][kAcc];
+                float part[kQkSets][kAcc];
                 auto issue = [&](int ks) {
                     CUTE_UNROLL
-                    for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % 2][i]);
+                    for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % kQkSets][i]);
                     warpgroup_arrive();
-                    wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % 2], GMMA::ScaleOut::Zero,
+                    wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % kQkSets], GMMA::ScaleOut::Zero,
                                     std::make_index_sequence<kAcc>{});
                     warpgroup_commit_batch();
                 };
                 auto add = [&](int ks) {
                     CUTE_UNROLL
                     for (int i = 0; i < kAcc; ++i) {
-                        warpgroup_fence_operand(part[ks % 2][i]);
-                        s[i] += part[ks % 2][i];
+                        warpgroup_fence_operand(part[ks % kQkSets][i]);
+                        s[i] += part[ks % kQkSets][i];
                     }
                 };
+                static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
                 issue(0);
+                issue(1);
                 CUTE_UNROLL
-                for (int ks = 1; ks < kKSteps; ++ks) {
-                    issue(ks);
-                    warpgroup_wait<1>();
-                    add(ks - 1);
+                for (int ks = 2; ks <= kKSteps; ++ks) {
+                    if (ks < kKSteps) issue(ks);
+                    if (ks == 2) {
+                        // the previous tile's P.V, issued last, ran under the first K steps: it is
+                        // done now, and the fp16 tile is free
+                        warpgroup_wait<0>();
+                        warpgroup_fence_operand(o);
+                        if (tile > 0) bar_arrive(kV16EmptyBar, kThreads);
+                    } else if (ks < kKSteps) {
+                        warpgroup_wait<2>();
+                    } else {
+                        warpgroup_wait<1>();
+                    }
+                    add(ks - 2);
                 }
                 warpgroup_wait<0>();
                 add(kKSteps - 1);
             }
 
             // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
-            float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+            float tile_max[2];
             {
-                const int32_t* valid = slot_valid[buffer];
+                const uint32_t valid = slot_valid[buffer][wg] >> (2 * tig);  // bit 8 (i / 4) + i % 2: element i
                 CUTE_UNROLL
                 for (int i = 0; i < kAcc; ++i) {
                     const int slot = kHalfSlots * wg + acc_col(i, tig);
-                    s[i] = valid[slot] ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
-                    tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
+                    s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+                }
+                // a row's maximum as a tree, not a chain: the softmax's latency is the tile's
+                for (int r = 0; r < 2; ++r) {
+                    float m[kAcc / 4];
+                    CUTE_UNROLL
+                    for (int k = 0; k < kAcc / 4; ++k) m[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
+                    CUTE_UNROLL
+                    for (int w = kAcc / 8; w >= 1; w /= 2)
+                        CUTE_UNROLL
+                        for (int k = 0; k < w; ++k) m[k] = fmaxf(m[k], m[k + w]);
+                    tile_max[r] = m[0];
                 }
             }
             bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
@@ -518,44 +545,24 @@ __device__ void prefill(const SparseMlaParams& p) {
             bar_sync(kConsumersBar, kConsumerThreads);  // P complete
 
             bar_sync(kV16FullBar, kThreads);
-            pv();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(o);
-            bar_arrive(kV16EmptyBar, kThreads);
+            pv();  // waited for under the next tile's first K steps
         }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(o);
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
 
         if (n_tiles == 0 && more) load_q(item + gridDim.x);
 
-        // max_logits, exactly: warpgroup wg takes row row0 + 8 wg, the quad splits its d_qk. The slot
-        // is the running max's; its product with Q (from global memory: the Q tile may hold the next
-        // item's), in fp32.
-        float exact_max = 0.f;
-        {
-            const int head = row0 + 8 * wg;
-            const float m = wg ? row_max[1] : row_max[0];  // (selects: a register array indexed at run time would go to memory)
-            if (head0 + head < p.h_q && m != -CUDART_INF_F) {
-                const int64_t slot = static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(m) & kSlotBits);
-                const int32_t j = slot < n_slots ? idx_row[slot] : -1;
-                if (in_range(j)) {
-                    const uint8_t* kv = p.kv + j * p.kv_stride_s;
-                    const uint8_t* q = p.q + t * p.q_stride_s + (head0 + head) * p.q_stride_h;
-                    // a group's loads first, so that their latencies overlap (all of them beside O would spill)
-                    constexpr int kGroup = 3;
-#pragma unroll
-                    for (int m0 = 0; m0 < kChunks / 4; m0 += kGroup) {
-                        uint4 k[kGroup], qc[kGroup];
-#pragma unroll
-                        for (int m = m0; m < m0 + kGroup && m < kChunks / 4; ++m) {
-                            k[m - m0] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
-                            qc[m - m0] = load_chunk(q + 16 * (tig + 4 * m), p.rows_16b_aligned);
-                        }
-#pragma unroll
-                        for (int m = m0; m < m0 + kGroup && m < kChunks / 4; ++m)
-                            exact_max = dot_e4m3x16(qc[m - m0], k[m - m0], exact_max);
-                    }
-                }
-            }
-            exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
+        // max_logits and lse: warpgroup wg takes row row0 + 8 wg. The index of its running max's slot
+        // is loaded now; the exact logit is computed after the output stores, when O's registers are
+        // free for all of the row's loads at once.
+        const int64_t h_own = head0 + row0 + 8 * wg;
+        // (selects: a register array indexed at run time would go to memory)
+        const float max_own = wg ? row_max[1] : row_max[0], ref_own = wg ? row_ref[1] : row_ref[0];
+        int32_t j_max = -1;
+        if (h_own < p.h_q && max_own != -CUDART_INF_F) {
+            const int64_t slot = static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(max_own) & kSlotBits);
+            j_max = slot < n_slots ? idx_row[slot] : -1;
         }
 
         // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
@@ -565,12 +572,13 @@ __device__ void prefill(const SparseMlaParams& p) {
             if (tig == 0) row_share[wg][row0 + 8 * r] = row_sum[r];
         }
         bar_sync(kConsumersBar, kConsumerThreads);
+        float sum[2];
         for (int r = 0; r < 2; ++r) {
+            sum[r] = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
             const int64_t h = head0 + row0 + 8 * r;
             if (h >= p.h_q) continue;
-            const float sum = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
             const bool empty = row_max[r] == -CUDART_INF_F;
-            float denom = sum;
+            float denom = sum[r];
             if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
             const float o_scale = empty ? 0.f : kv_scale / denom;
             // one base pointer and constant offsets: 64 addresses held at once would spill
@@ -581,13 +589,32 @@ __device__ void prefill(const SparseMlaParams& p) {
                 const int e = i + 2 * r;  // columns 8 (i / 4) + 2 tig, + 1 of row r
                 out[4 * (i / 4)] = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
             }
-            if (r == wg && tig == 0) {
-                // The exact term of the running max's own slot replaces its tensor-core one in the sum,
-                // which leaves lse only the other slots' (smaller, averaging) errors.
-                const float exact_sum = sum - exp2f(row_max[r] - row_ref[r]) + exp2f(exact_max * kLog2e - row_ref[r]);
-                p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
-                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (row_ref[r] + log2f(exact_sum)) * kLn2;
+        }
+
+        // The exact logit of the running max's slot: its product with Q (from global memory: the Q
+        // tile may hold the next item's) in fp32, the quad splitting d_qk.
+        float exact_max = 0.f;
+        if (in_range(j_max)) {
+            const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
+            const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
+            constexpr int kChunksPerThread = kChunks / 4;
+            uint4 k[kChunksPerThread], qc[kChunksPerThread];
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) {
+                k[m] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
+                qc[m] = load_chunk(q + 16 * (tig + 4 * m), p.rows_16b_aligned);
             }
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
+        }
+        exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
+        if (h_own < p.h_q && tig == 0) {
+            const bool empty = max_own == -CUDART_INF_F;
+            // The exact term of the running max's own slot replaces its tensor-core one in the sum,
+            // which leaves lse only the other slots' (smaller, averaging) errors.
+            const float exact_sum = (wg ? sum[1] : sum[0]) - exp2f(max_own - ref_own) + exp2f(exact_max * kLog2e - ref_own);
+            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
+            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
         }
     }
 }
