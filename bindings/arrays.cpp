@@ -232,5 +232,7 @@ SparseMlaParams make_params(const PrefillArgs& a, Device* device) {
     const auto aligned = [](int64_t x) { return x % 16 == 0; };
     p.rows_16b_aligned = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 &&
                          aligned(p.q_stride_s) && aligned(p.q_stride_h) && aligned(p.kv_stride_s);
+    p.out_rows_16b_aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && aligned(2 * p.out_stride_s) &&
+                             aligned(2 * p.out_stride_h);
     return p;
 }

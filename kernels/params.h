@@ -29,4 +29,6 @@ struct SparseMlaParams {
     // q, kv pointers and row strides all multiples of 16 bytes: rows are copied 16 bytes at a time.
     // Otherwise the kernel falls back to byte copies (any stride is accepted, only slower).
     bool rows_16b_aligned;
+    // out pointer and row strides multiples of 16 bytes: O is stored 16 bytes at a time (else 4).
+    bool out_rows_16b_aligned;
 };

@@ -178,6 +178,18 @@ def test_strided_outputs(backend):
     assert np.isnan(backend.numpy(max_logits_root)[gap]).all()
 
 
+def test_out_rows_4_byte_aligned(backend):
+    # rows that start 4 bytes past a 16-byte boundary: the kernel stores O 4 bytes at a time there
+    case = random_case(6, 3, 300, 70, 512, 100)
+    s_q, h_q = case.s_q, case.h_q
+    out_root = backend.out_buffer((s_q, h_q, D_V + 2))
+    kw = call_args(backend, case, provide=False)
+    kw.update(out=out_root[:, :, 2:], max_logits=backend.f32_buffer((s_q, h_q)), lse=backend.f32_buffer((s_q, h_q)))
+    result = invoke(kw)
+    assert_matches(results_numpy(backend, result), case.reference(), backend.tol)
+    assert (backend.numpy(out_root)[:, :, :2] == OUT_POISON).all()
+
+
 def test_deterministic(backend):
     case = random_case(5, 4, 2000, 70, 576, 300)
     case.attn_sink = np.random.default_rng(5).standard_normal(case.h_q).astype(np.float32)

@@ -145,6 +145,22 @@ __device__ inline float quad_max(float x) {
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// A 4 x 4 transpose of words across a quad (lanes 4 i .. 4 i + 3): lane tig gets word tig of each
+// lane, in lane order.
+__device__ inline void quad_transpose(uint32_t (&w)[4], int tig) {
+    const bool high_pair = tig & 2, odd = tig & 1;
+    // the 2 x 2 blocks off the diagonal, with lane tig ^ 2
+    uint32_t r0 = __shfl_xor_sync(0xffffffffu, high_pair ? w[0] : w[2], 2);
+    uint32_t r1 = __shfl_xor_sync(0xffffffffu, high_pair ? w[1] : w[3], 2);
+    if (high_pair) w[0] = r0, w[1] = r1;
+    else w[2] = r0, w[3] = r1;
+    // then within the blocks, with lane tig ^ 1
+    r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+    r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+    if (odd) w[0] = r0, w[2] = r1;
+    else w[1] = r0, w[3] = r1;
+}
+
 __device__ inline float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -573,21 +589,36 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
         bar_sync(kConsumersBar, kConsumerThreads);
         float sum[2];
+        CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             sum[r] = row_share[0][row0 + 8 * r] + row_share[1][row0 + 8 * r];
+            // a row past h_q has no output, but its threads still take part in the shuffles below
             const int64_t h = head0 + row0 + 8 * r;
-            if (h >= p.h_q) continue;
+            const bool real = h < p.h_q;
             const bool empty = row_max[r] == -CUDART_INF_F;
             float denom = sum[r];
-            if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
+            if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
             const float o_scale = empty ? 0.f : kv_scale / denom;
             // one base pointer and constant offsets: 64 addresses held at once would spill
-            __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(
-                p.out + t * p.out_stride_s + h * p.out_stride_h + wg * kDvPerWg + acc_col(0, tig));
-            CUTE_UNROLL
-            for (int i = 0; i < size(o); i += 4) {
-                const int e = i + 2 * r;  // columns 8 (i / 4) + 2 tig, + 1 of row r
-                out[4 * (i / 4)] = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
+            uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h + wg * kDvPerWg;
+            auto bf16_pair = [&](int e) {  // columns 8 (e / 4) + 2 tig, + 1 of row r, for e = i + 2 r
+                const __nv_bfloat162 x = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
+                return *reinterpret_cast<const uint32_t*>(&x);
+            };
+            if (p.out_rows_16b_aligned) {
+                // a quad's words of four column groups, transposed: each thread stores 8 columns
+                CUTE_UNROLL
+                for (int i = 0; i < size(o); i += 16) {
+                    uint32_t w[4];
+                    CUTE_UNROLL
+                    for (int k = 0; k < 4; ++k) w[k] = bf16_pair(i + 4 * k + 2 * r);
+                    quad_transpose(w, tig);
+                    if (real) *reinterpret_cast<uint4*>(out + 2 * i + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
+                }
+            } else if (real) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(o); i += 4)
+                    *reinterpret_cast<uint32_t*>(out + acc_col(i, tig)) = bf16_pair(i + 2 * r);
             }
         }
 
