@@ -146,7 +146,7 @@ __device__ inline float quad_max(float x) {
 }
 
 // A 4 x 4 transpose of words across a quad (lanes 4 i .. 4 i + 3): lane tig gets word tig of each
-// lane, in lane order.
+// lane, in lane order. Every lane of the warp must call it (full-warp shuffles).
 __device__ inline void quad_transpose(uint32_t (&w)[4], int tig) {
     const bool high_pair = tig & 2, odd = tig & 1;
     // the 2 x 2 blocks off the diagonal, with lane tig ^ 2
