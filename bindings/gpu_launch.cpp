@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <map>
-#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -68,24 +67,21 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
     cudaKernel_t kernel = get_kernel(fatbin, kernel_name);
     const int smem = cfg::smem_bytes(static_cast<int>(p.d_qk));
 
-    static std::set<std::pair<cudaKernel_t, int>> configured;
-    if (configured.insert({kernel, device}).second) {
-        cudaError_t err = cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device);
-        if (err != cudaSuccess) configured.erase({kernel, device});
-        check(err, "setting the kernel's shared memory size");
-    }
-
-    // A persistent grid: one CTA per SM (all the shared memory one CTA can have), each taking work
-    // items in turn.
-    static std::map<int, int> sm_counts;
-    auto sms = sm_counts.find(device);
-    if (sms == sm_counts.end()) {
+    // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
+    // persistent grid (one CTA per SM, all the shared memory one CTA can have, each CTA taking work
+    // items in turn). Kept only when both calls succeed.
+    static std::map<std::pair<cudaKernel_t, int>, int> sm_counts;
+    auto configured = sm_counts.find({kernel, device});
+    if (configured == sm_counts.end()) {
+        check(cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device),
+              "setting the kernel's shared memory size");
         int n = 0;
         check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-        sms = sm_counts.emplace(device, n).first;
+        configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
     }
+    const int sms = configured->second;
     const int64_t items = p.s_q * cfg::head_blocks(p.h_q);
-    const dim3 grid(static_cast<unsigned>(items < sms->second ? items : sms->second));
+    const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
     SparseMlaParams params = p;
     void* args[] = {&params};
     check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(cfg::kThreads), args, smem,

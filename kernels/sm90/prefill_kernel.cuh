@@ -218,6 +218,10 @@ __device__ void prefill(const SparseMlaParams& p) {
     // and Q overlap. An item's result does not depend on which CTA computes it.
     const int64_t n_head_blocks = head_blocks(p.h_q);
     const int64_t n_items = p.s_q * n_head_blocks;
+    struct Item {
+        int64_t token, head0;
+    };
+    auto item_at = [&](int64_t item) { return Item{item / n_head_blocks, (item % n_head_blocks) * kHeadsPerCta}; };
 
     const float q_scale = p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale;
     const float kv_scale = p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale;
@@ -252,7 +256,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
         auto open_item = [&]() {  // from next.item on, the first item with tiles
             for (; next.item < n_items; next.item += gridDim.x) {
-                const int64_t t = next.item / n_head_blocks;
+                const int64_t t = item_at(next.item).token;
                 next.n_slots = slots_of(t);
                 next.n_tiles = tiles_of(next.n_slots);
                 next.idx_row = p.indices + t * p.indices_stride_s;
@@ -381,7 +385,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item as
     // soon as this item's last QK^T is done, so the epilogue hides it.
     auto load_q = [&](int64_t item) {
-        const int64_t t = item / n_head_blocks, head0 = (item % n_head_blocks) * kHeadsPerCta;
+        const auto [t, head0] = item_at(item);
         for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
             const int r = u / kChunks, c = u % kChunks;
             const bool valid = head0 + r < p.h_q;
@@ -454,7 +458,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + L::p_offset * sizeof(half_t);
     int cta_tile = 0;  // this CTA's tiles so far, across items: names the landing buffer
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const int64_t t = item / n_head_blocks, head0 = (item % n_head_blocks) * kHeadsPerCta;
+        const auto [t, head0] = item_at(item);
         const int64_t n_slots = slots_of(t);
         const int n_tiles = tiles_of(n_slots);
         const int32_t* idx_row = p.indices + t * p.indices_stride_s;
