@@ -12,8 +12,8 @@ constexpr int kConsumerWarpgroups = 2;  // each: S of half of the slots, the sof
 constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
 constexpr int kProducerThreads = kWarpgroupThreads;   // one warpgroup: gathers kv tiles, converts V to fp16
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer gives registers to the math
-constexpr int kConsumerRegisters = 232;  // 128 x 40 + 256 x 232 = 168 x 384, the registers the CTA launches with
+constexpr int kProducerRegisters = 48;   // setmaxnreg: the producer gives registers to the math
+constexpr int kConsumerRegisters = 224;  // 128 x 48 + 256 x 224 <= 168 x 384, the registers the CTA launches with
 constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles ahead of QK^T
 constexpr int kKStep = 32;          // K of one FP8 wgmma
 constexpr int kQkSets = 3;          // register sets of QK^T's per-K-step sums: two wgmmas run while one is added

@@ -22,7 +22,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <math_constants.h>
 
 #include <utility>
@@ -112,9 +111,14 @@ __device__ inline void bar_arrive(int id, int threads) {
 // Generic-proxy writes to shared memory (st.shared, cp.async) before wgmma reads them.
 __device__ inline void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-__device__ inline uint32_t e4m3x2_to_half2(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Four e4m3 to two half2 (bytes 0-1, then 2-3). The conversions take the word's halves as 16-bit
+// registers, which ptxas reads in place (R.H0, R.H1): no shift per pair, which in the producer's V
+// conversion is 64 instructions per thread and tile.
+__device__ inline uint2 e4m3x4_to_half2x2(uint32_t four) {
+    uint2 h;
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+        : "=r"(h.x), "=r"(h.y) : "r"(four));
+    return h;
 }
 
 __device__ inline uint32_t pack_half2(float lo, float hi) {
@@ -122,20 +126,20 @@ __device__ inline uint32_t pack_half2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-__device__ inline float2 e4m3x2_to_float2(uint32_t two) {
-    const uint32_t h = e4m3x2_to_half2(two);
-    return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
 // Sum of the products of 16 e4m3 pairs, in fp32 (each product is exact), in a fixed order.
 __device__ inline float dot_e4m3x16(uint4 a, uint4 b, float acc) {
     const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float2 x = e4m3x2_to_float2(wa[i / 2] >> (16 * (i % 2)));
-        const float2 y = e4m3x2_to_float2(wb[i / 2] >> (16 * (i % 2)));
-        acc = fmaf(x.x, y.x, acc);
-        acc = fmaf(x.y, y.y, acc);
+    for (int j = 0; j < 4; ++j) {
+        const uint2 ha = e4m3x4_to_half2x2(wa[j]), hb = e4m3x4_to_half2x2(wb[j]);
+        const uint32_t xa[2] = {ha.x, ha.y}, xb[2] = {hb.x, hb.y};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&xa[k]));
+            const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&xb[k]));
+            acc = fmaf(x.x, y.x, acc);
+            acc = fmaf(x.y, y.y, acc);
+        }
     }
     return acc;
 }
@@ -320,7 +324,11 @@ __device__ void prefill(const SparseMlaParams& p) {
                         const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
                         uint32_t h[8];
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) h[i] = e4m3x2_to_half2(w[i / 2] >> (16 * (i % 2)));
+                        for (int i = 0; i < 8; i += 2) {
+                            const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
+                            h[i] = two.x;
+                            h[i + 1] = two.y;
+                        }
                         *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
                         *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
                     }
