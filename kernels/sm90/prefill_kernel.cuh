@@ -181,13 +181,13 @@ __device__ inline float with_slot(float logit, uint32_t slot) {
 // Byte offset of fp16 element (row, col) in a 1024-byte-aligned K-major tile of 64-column swizzle
 // atoms (GMMA's 128-byte swizzle: address bits 4-6 ^= bits 7-9). CuTe applies that swizzle to the
 // pointer, so a layout called on its own gives the offset without it.
-__device__ inline uint32_t sw128_byte(int row, int col) {
+__device__ inline uint32_t sw128_byte(uint32_t row, uint32_t col) {
     return row * 128 + ((((col / 8) ^ (row % 8)) * 16) | (col % 8) * 2);
 }
 
 // Byte offset of the 16-byte chunk of e4m3 columns 16 c .. 16 c + 15 of a row in an e4m3 tile (64
 // rows, atoms of 64 columns; GMMA's 64-byte swizzle: address bits 4-5 ^= bits 7-8).
-__device__ inline uint32_t sw64_chunk(int row, int c) {
+__device__ inline uint32_t sw64_chunk(uint32_t row, uint32_t c) {
     return (c / 4) * (kSlotsPerTile * 64) + row * 64 + (((c % 4) ^ ((row / 2) % 4)) * 16);
 }
 
@@ -280,37 +280,43 @@ __device__ void prefill(const SparseMlaParams& p) {
         // when the tile is announced: the flags of a buffer are then rewritten long after the
         // consumers last read them
         uint32_t valid_bits = 0;
+        // this thread's chunk of its row in each half tile: the same offset in every landing tile;
+        // the shared-window address of landing tile 0 (held, not rederived per copy)
+        const uint32_t row_chunk[2] = {sw64_chunk(row, part), sw64_chunk(kHalfSlots + row, part)};
+        const uint32_t landing0 = static_cast<uint32_t>(__cvta_generic_to_shared(landing(0)));
         auto gather = [&](int buffer, int2 indices) {
             for (int half = 0; half < 2; ++half) {
-                const int slot = half * kHalfSlots + row;
                 const int32_t j = half ? indices.y : indices.x;
                 const bool valid = in_range(j);
                 valid_bits = (valid_bits & ~(1u << (2 * buffer + half))) | (static_cast<uint32_t>(valid) << (2 * buffer + half));
-                uint8_t* dst = landing(buffer) + sw64_chunk(slot, part);
                 // an invalid row is zero-filled: cp.async then reads nothing at src
                 const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
                 constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
+                // the aligned rows on their own path: one loop through copy_chunk for both kinds does
+                // not unroll and made the kernel 12% slower (PERF.md)
                 if (p.rows_16b_aligned) {
+                    const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
 #pragma unroll
                     for (int m = 0; m < kChunksPerThread; ++m)
-                        cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-                            *reinterpret_cast<const cute::uint128_t*>(src + 64 * m),
-                            *reinterpret_cast<cute::uint128_t*>(dst + m * kLandingAtomColumnBytes), valid);
+                        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;"
+                                     ::"r"(dst + m * kLandingAtomColumnBytes), "l"(src + 64 * m), "r"(valid ? 16 : 0) : "memory");
                 } else {
+                    uint8_t* dst = landing(buffer) + row_chunk[half];
                     for (int m = 0; m < kChunksPerThread; ++m)
                         copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
                 }
             }
             cute::cp_async_fence();
         };
+        // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain shared
+        // addresses: CuTe's swizzled pointers would become generic stores), per half tile
+        const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
+        const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
         auto convert_v = [&](int buffer) {
             for (int half = 0; half < 2; ++half) {
-                const int slot = half * kHalfSlots + row;
-                const uint8_t* src = landing(buffer) + sw64_chunk(slot, part);
-                // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain
-                // shared addresses: CuTe's swizzled pointers would become generic stores)
-                uint8_t* lo = v16 + sw128_byte(slot, 16 * part);
-                uint8_t* hi = v16 + sw128_byte(slot, 16 * part + 8);
+                const uint8_t* src = landing(buffer) + row_chunk[half];
+                uint8_t* lo = v16 + v16_lo[half];
+                uint8_t* hi = v16 + v16_hi[half];
                 // a group's loads first, so that their latencies overlap (all of them would spill)
                 constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
 #pragma unroll
@@ -587,8 +593,9 @@ __device__ void prefill(const SparseMlaParams& p) {
         const int64_t h_own = head0 + row0 + 8 * wg;
         // (selects: a register array indexed at run time would go to memory)
         const float max_own = wg ? row_max[1] : row_max[0], ref_own = wg ? row_ref[1] : row_ref[0];
+        const bool own_empty = max_own == -CUDART_INF_F;
         int32_t j_max = -1;
-        if (h_own < p.h_q && max_own != -CUDART_INF_F) {
+        if (h_own < p.h_q && !own_empty) {
             const int64_t slot = static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(max_own) & kSlotBits);
             j_max = slot < n_slots ? idx_row[slot] : -1;
         }
@@ -652,12 +659,11 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
         exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
         if (h_own < p.h_q && tig == 0) {
-            const bool empty = max_own == -CUDART_INF_F;
             // The exact term of the running max's own slot replaces its tensor-core one in the sum,
             // which leaves lse only the other slots' (smaller, averaging) errors.
             const float exact_sum = (wg ? sum[1] : sum[0]) - exp2f(max_own - ref_own) + exp2f(exact_max * kLog2e - ref_own);
-            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
-            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
+            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = own_empty ? -CUDART_INF_F : exact_max;
+            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = own_empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
         }
     }
 }
