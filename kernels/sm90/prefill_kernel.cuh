@@ -68,11 +68,16 @@ __device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::
     Op::fma(desc_a, desc_b, d[I]..., scale);
 }
 
+// 16 bytes from global memory to the shared-window address dst by cp.async (L2 prefetch of 128
+// bytes); zeros when !valid, and then src is never dereferenced.
+__device__ inline void cp_async_16(uint32_t dst, const uint8_t* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
 // 16 bytes of a row into shared memory; zeros when !valid, and then src is never dereferenced.
 __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, bool aligned) {
     if (aligned) {
-        using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
-        Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src), *reinterpret_cast<cute::uint128_t*>(dst), valid);
+        cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
     } else if (valid) {
         for (int i = 0; i < 16; ++i) dst[i] = src[i];
     } else {
@@ -297,9 +302,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 if (p.rows_16b_aligned) {
                     const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
 #pragma unroll
-                    for (int m = 0; m < kChunksPerThread; ++m)
-                        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;"
-                                     ::"r"(dst + m * kLandingAtomColumnBytes), "l"(src + 64 * m), "r"(valid ? 16 : 0) : "memory");
+                    for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
                 } else {
                     uint8_t* dst = landing(buffer) + row_chunk[half];
                     for (int m = 0; m < kChunksPerThread; ++m)
