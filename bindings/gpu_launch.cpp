@@ -33,17 +33,24 @@ cudaKernel_t get_kernel(const std::string& fatbin, const std::string& name) {
     return kernels.emplace(std::make_pair(fatbin, name), k).first->second;
 }
 
-// Restores the caller's current device when the launch is done (or throws).
+// Makes the inputs' device current for the launch and restores the caller's afterwards (or when it
+// throws); switches only when they differ, so the common call pays for one cudaGetDevice.
 class DeviceScope {
 public:
     explicit DeviceScope(int device) {
         check(cudaGetDevice(&previous_), "cudaGetDevice");
-        if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+        if (previous_ != device) {
+            check(cudaSetDevice(device), "cudaSetDevice");
+            switched_ = true;
+        }
     }
-    ~DeviceScope() { cudaSetDevice(previous_); }
+    ~DeviceScope() {
+        if (switched_) cudaSetDevice(previous_);
+    }
 
 private:
     int previous_ = 0;
+    bool switched_ = false;
 };
 
 }  // namespace

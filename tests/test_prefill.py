@@ -157,6 +157,18 @@ def test_scales(backend, as_arrays):
     run_and_check(backend, case)
 
 
+def test_scalar_types(backend):
+    """Scales given as ints or NumPy scalars (the checked path) give the bits that floats give."""
+    case = random_case(seed_of("scalar types"), 3, 200, 5, 512, 40)
+    case.sm_scale, case.q_scale, case.kv_scale = 0.0625, 0.5, 2.0
+    want = invoke(call_args(backend, case))
+    for sm_scale, q_scale, kv_scale in ((np.float32(0.0625), 0.5, 2), (0.0625, np.float64(0.5), np.float32(2.0))):
+        kw = call_args(backend, case)
+        kw.update(sm_scale=sm_scale, q_scale=q_scale, kv_scale=kv_scale)
+        for a, b in zip(want, invoke(kw)):
+            assert backend.raw(a) == backend.raw(b)
+
+
 def test_strided_outputs(backend):
     case = random_case(4, 5, 300, 17, 576, 100)
     s_q, h_q = case.s_q, case.h_q

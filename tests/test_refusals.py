@@ -62,6 +62,11 @@ REFUSALS = [
     ("q_list", lambda b, kw: {"q": np.zeros((S_Q, H_Q, D_QK), np.uint8).tolist()}, TypeError, None, ["q"]),
     ("indices_list", lambda b, kw: {"indices": [[[0] * TOPK]] * S_Q}, TypeError, None, ["indices"]),
     ("attn_sink_list", lambda b, kw: {"attn_sink": [0.0] * H_Q}, TypeError, None, ["attn_sink"]),
+    # buffers that nanobind could read but that are not DLPack arrays
+    ("kv_memoryview", lambda b, kw: {"kv": memoryview(np.zeros((S_KV, 1, D_QK), np.uint8))}, TypeError, None,
+     ["kv"]),
+    ("q_scale_memoryview", lambda b, kw: {"q_scale": memoryview(np.ones(1, np.float32))}, TypeError, None,
+     ["q_scale"]),
     # shapes
     ("q_2d", lambda b, kw: {"q": _fp8(b, (S_Q * H_Q, D_QK))}, ValueError, None, ["q"]),
     ("q_4d", lambda b, kw: {"q": _fp8(b, (S_Q, H_Q, 1, D_QK))}, ValueError, None, ["q"]),
@@ -120,7 +125,7 @@ def _good_case():
 
 
 def _buffers(kw):
-    return [x for x in kw.values() if hasattr(x, "shape")]
+    return [x for x in kw.values() if hasattr(x, "shape") and not isinstance(x, memoryview)]
 
 
 @pytest.mark.parametrize("changes, exc, text, names", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])

@@ -1,8 +1,8 @@
 """The public entry points: check, look up the kernel, allocate what the caller did not give, launch."""
 
 from . import _C
-from ._capabilities import kernel_for
-from ._frameworks import export, stream_handle
+from ._capabilities import check_dims, kernel_for
+from ._frameworks import export, framework_of, stream_handle
 from ._validate import check_args
 
 
@@ -26,6 +26,54 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
     __cuda_stream__() or .cuda_stream; default: torch's current stream for torch tensors, else the
     legacy default stream). CPU arrays run the same operation on the CPU.
     """
+    args = (q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+            stream)
+    # The native module checks every array from its DLPack metadata before it launches, so a call
+    # with plain arguments needs no checks in Python (they cost more than the launch). Anything else
+    # (bad input, an int scale, an object that is not an array) takes the checked path, which words
+    # each error as the contract does, so both paths accept and refuse the same calls.
+    try:
+        result = _prefill_plain(*args)
+    except Exception:
+        result = None
+    return _prefill_checked(*args) if result is None else result
+
+
+def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
+                   lse, stream):
+    """prefill() for a float sm_scale, float or array scales and arrays of known frameworks, left to
+    the native checks; None for any other call."""
+    framework = framework_of(q)
+    if framework is None or type(sm_scale) is not float:
+        return None
+    device = framework.device(q)
+    s_q, h_q, d_qk = q.shape
+    check_dims(d_qk, d_v)
+    if s_q == 0:
+        return None  # the checked path returns empty outputs, after its checks
+    fatbin, kernel = kernel_for(device[1], d_qk) if device[0] == "cuda" else ("", "")
+    handle = stream_handle(stream, framework, q, device)
+    if out is None:
+        out = framework.empty(q, (s_q, h_q, d_v), "bf16")
+    if max_logits is None:
+        max_logits = framework.empty(q, (s_q, h_q), "float32")
+    if lse is None:
+        lse = framework.empty(q, (s_q, h_q), "float32")
+    exported = []
+    for a in (q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse):
+        if a is None or type(a) is float:
+            exported.append(a)
+            continue
+        a_framework = framework_of(a)
+        if a_framework is None:
+            return None  # nanobind would take some non-arrays (buffers) that the checks refuse
+        exported.append(a_framework.export(a))
+    _C.prefill(*exported[:3], sm_scale, *exported[3:], handle, fatbin, kernel)
+    return out, max_logits, lse
+
+
+def _prefill_checked(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
+                     lse, stream):
     framework, device, s_q, h_q, sm_scale, q_scale, kv_scale = check_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse)
     if device[0] == "cuda":
