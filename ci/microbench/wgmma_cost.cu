@@ -6,7 +6,7 @@
 //   --expt-relaxed-constexpr -I kernels -I <cutlass>/include -o wgmma_cost.fatbin ci/microbench/wgmma_cost.cu
 #include "sm90/prefill_kernel.cuh"
 using namespace cute;
-using sparse_mla::sm90::e4m3x2_to_half2;
+using sparse_mla::sm90::e4m3x4_to_half2x2;
 
 template <int N, bool kRS, int kChains>
 __device__ void bench(const SparseMlaParams& p) {
@@ -105,10 +105,11 @@ __device__ void qk_mimic(const SparseMlaParams& p) {
             for (int j = 0; j < 4; ++j) {
                 if constexpr (kConvert) {
                     const uint2 e4m3 = q_frag[(batch * 4 + j) * 128 + wg_tid];
-                    a[j][0] = e4m3x2_to_half2(e4m3.x);
-                    a[j][1] = e4m3x2_to_half2(e4m3.x >> 16);
-                    a[j][2] = e4m3x2_to_half2(e4m3.y);
-                    a[j][3] = e4m3x2_to_half2(e4m3.y >> 16);
+                    const uint2 lo = e4m3x4_to_half2x2(e4m3.x), hi = e4m3x4_to_half2x2(e4m3.y);
+                    a[j][0] = lo.x;
+                    a[j][1] = lo.y;
+                    a[j][2] = hi.x;
+                    a[j][3] = hi.y;
                 } else {
                     a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0x3c003c00u;
                 }
