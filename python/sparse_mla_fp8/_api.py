@@ -51,14 +51,9 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
     check_dims(d_qk, d_v)
     if s_q == 0:
         return None  # the checked path returns empty outputs, after its checks
-    fatbin, kernel = kernel_for(device[1], d_qk) if device[0] == "cuda" else ("", "")
+    fatbin, kernel = _kernel(device, d_qk)
     handle = stream_handle(stream, framework, q, device)
-    if out is None:
-        out = framework.empty(q, (s_q, h_q, d_v), "bf16")
-    if max_logits is None:
-        max_logits = framework.empty(q, (s_q, h_q), "float32")
-    if lse is None:
-        lse = framework.empty(q, (s_q, h_q), "float32")
+    out, max_logits, lse = _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse)
     exported = []
     for a in (q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse):
         if a is None or type(a) is float:
@@ -76,21 +71,29 @@ def _prefill_checked(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink
                      lse, stream):
     framework, device, s_q, h_q, sm_scale, q_scale, kv_scale = check_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse)
-    if device[0] == "cuda":
-        fatbin, kernel = kernel_for(device[1], q.shape[2])
-    else:
-        fatbin = kernel = ""
+    fatbin, kernel = _kernel(device, q.shape[2])
     handle = stream_handle(stream, framework, q, device)
+    out, max_logits, lse = _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse)
+    if s_q:
+        _C.prefill(export(q), export(kv), export(indices), sm_scale, export(q_scale), export(kv_scale),
+                   export(attn_sink), export(topk_length), export(out), export(max_logits), export(lse),
+                   handle, fatbin, kernel)
+    return out, max_logits, lse
+
+
+def _kernel(device, d_qk):
+    """(fatbin path, kernel name) for a CUDA device; empty names for the CPU path."""
+    return kernel_for(device[1], d_qk) if device[0] == "cuda" else ("", "")
+
+
+def _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse):
+    """The caller's output buffers, those not given allocated in q's framework."""
     if out is None:
         out = framework.empty(q, (s_q, h_q, d_v), "bf16")
     if max_logits is None:
         max_logits = framework.empty(q, (s_q, h_q), "float32")
     if lse is None:
         lse = framework.empty(q, (s_q, h_q), "float32")
-    if s_q:
-        _C.prefill(export(q), export(kv), export(indices), sm_scale, export(q_scale), export(kv_scale),
-                   export(attn_sink), export(topk_length), export(out), export(max_logits), export(lse),
-                   handle, fatbin, kernel)
     return out, max_logits, lse
 
 
