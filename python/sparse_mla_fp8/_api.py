@@ -55,7 +55,7 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
     handle = stream_handle(stream, framework, q, device)
     out, max_logits, lse = _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse)
     exported = []
-    for a in (q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse):
+    for a in (q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse):
         if a is None or type(a) is float:
             exported.append(a)
             continue
@@ -63,7 +63,7 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
         if a_framework is None:
             return None  # nanobind would take some non-arrays (buffers) that the checks refuse
         exported.append(a_framework.export(a))
-    _C.prefill(*exported[:3], sm_scale, *exported[3:], handle, fatbin, kernel)
+    _C.prefill(*exported, handle, fatbin, kernel)
     return out, max_logits, lse
 
 
