@@ -1,13 +1,15 @@
 """Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk.
-The last configuration has more work items than SMs, so that CTAs of the persistent grid take several,
-some empty; a hazard may show only in some orders of events, so it runs on several seeds."""
+h_q 70 runs the wide kernel (128 heads per CTA), h_q 16 and 40 the 64-head one. The 300-token
+configurations have more work items than SMs, so that CTAs of the persistent grid take several, some
+empty; a hazard may show only in some orders of events, so the wide kernel's runs on several seeds."""
 import torch
 
 import sparse_mla_fp8
 
 dev = torch.device("cuda")
 MULTI_ITEM_SEEDS = 4
-cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0)] + [(576, 70, 100, 300, seed) for seed in range(MULTI_ITEM_SEEDS)]
+cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0), (512, 40, 100, 300, 0)]
+cases += [(576, 70, 100, 300, seed) for seed in range(MULTI_ITEM_SEEDS)]
 for d_qk, h_q, topk, s_q, seed in cases:
     torch.manual_seed(seed)
     s_kv = 200

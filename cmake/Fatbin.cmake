@@ -15,7 +15,8 @@ foreach(arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
 endforeach()
 
 file(GLOB sparse_mla_kernel_headers CONFIGURE_DEPENDS
-     ${PROJECT_SOURCE_DIR}/kernels/*.h ${PROJECT_SOURCE_DIR}/kernels/sm90/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/*.h)
+     ${PROJECT_SOURCE_DIR}/kernels/*.h ${PROJECT_SOURCE_DIR}/kernels/sm90/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/*.h
+     ${PROJECT_SOURCE_DIR}/kernels/sm90/wide/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/wide/*.h)
 
 function(sparse_mla_add_fatbin d_qk out_file out_kernel)
   # The kernel keeps three e4m3 kv tiles and Q in 64-column swizzle atoms, plus an fp16 V tile, in

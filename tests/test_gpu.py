@@ -65,8 +65,8 @@ def test_full_heads_with_length_and_sink(cuda, d_qk):
 
 @pytest.mark.parametrize("d_qk", table_dims())
 def test_more_items_than_sms(cuda, d_qk):
-    """The grid is persistent: with 600 (token, 64-head) items each CTA takes several in turn, and the
-    items without slots (topk_length 0) sit between others."""
+    """The grid is persistent: with 300 (token, 128-head) items of the wide kernel (h_q 70) each CTA
+    takes several in turn, and the items without slots (topk_length 0) sit between others."""
     s_q, s_kv, h_q, topk = 300, 2000, 70, 150
     case = random_case(seed_of("items", d_qk), s_q, s_kv, h_q, d_qk, topk)
     rng = np.random.default_rng(d_qk + 1)
@@ -75,6 +75,17 @@ def test_more_items_than_sms(cuda, d_qk):
     invalid = rng.random(case.indices.shape) < 0.1
     case.indices[invalid] = rng.choice(np.array([-1, s_kv, INT_MIN, INT_MAX], np.int32), invalid.sum())
     case.poison_unreferenced_kv()
+    run_and_check(cuda, case)
+
+
+@pytest.mark.parametrize("topk", [2048, 2049])
+def test_wide_kernel_topk_bound(cuda, topk):
+    """The wide kernel (h_q > 64) keeps O in f16 registers, rounded at every k16 step; its worst case
+    is a token whose slots all name one kv row (every step rounds the same way). At its largest topk
+    (2048) that stays within the contract; one slot more goes to the 64-head kernel."""
+    s_q, s_kv, h_q, d_qk = 6, 4096, 128, table_dims()[-1]
+    case = random_case(seed_of("wide bound", topk), s_q, s_kv, h_q, d_qk, topk)
+    case.indices[::2] = case.indices[::2, :, :1]  # even tokens: one row in every slot
     run_and_check(cuda, case)
 
 

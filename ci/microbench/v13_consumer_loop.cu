@@ -13,7 +13,9 @@
 #include <vector>
 #include <random>
 #include <cuda_fp8.h>
-#include "sm90/prefill_kernel.cuh"
+#include <math_constants.h>
+
+#include "sm90/device_helpers.cuh"
 using namespace cute;
 using namespace sparse_mla::sm90;
 constexpr int D = 576;

@@ -4,7 +4,8 @@
 // The kernels take the prefill's parameter struct so that the package's loader can launch them
 // (wgmma_cost.py). Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3
 //   --expt-relaxed-constexpr -I kernels -I <cutlass>/include -o wgmma_cost.fatbin ci/microbench/wgmma_cost.cu
-#include "sm90/prefill_kernel.cuh"
+#include "params.h"
+#include "sm90/device_helpers.cuh"
 using namespace cute;
 using sparse_mla::sm90::e4m3x4_to_half2x2;
 

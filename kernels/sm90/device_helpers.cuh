@@ -1,0 +1,167 @@
+// Device helpers that both SM90 prefill kernels use: copies, named barriers, conversions, quad
+// shuffles, the swizzled offsets of their shared-memory tiles and the layout of a wgmma accumulator.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <utility>
+
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "sm90/config.h"
+
+namespace sparse_mla::sm90 {
+
+// The swizzled layouts of the shared-memory operands.
+template <int D>
+struct SmemLayouts {
+    using f16 = cute::half_t;
+    using e4m3 = cute::float_e4m3_t;
+    // Q (head, d_qk) and a landing tile (slot, d_qk), d_qk contiguous: K-major operands of QK^T.
+    using E4m3 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<e4m3>{},
+                                              cute::Shape<cute::Int<kSlotsPerTile>, cute::Int<D>>{}));
+    // The fp16 tile as V of P.V: (d_v, slot), d_v contiguous; atoms along the slots first.
+    using V = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<f16>{},
+                                           cute::Shape<cute::Int<kDv>, cute::Int<kSlotsPerTile>>{},
+                                           cute::Step<cute::_2, cute::_1>{}));
+    static_assert(kHeadsPerCta == kSlotsPerTile, "Q (64 heads) and a landing tile share one layout");
+    static_assert(E4m3{}(0, 64) == kSlotsPerTile * 64, "64-byte atom columns of an e4m3 tile");
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+using MmaQK = cute::SM90_64x32x32_F32E4M3E4M3_SS_TN<>;
+
+// One shared-memory wgmma on an accumulator of sizeof...(I) floats.
+template <class Op, class Acc, size_t... I>
+__device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::GMMA::ScaleOut scale,
+                                std::index_sequence<I...>) {
+    Op::fma(desc_a, desc_b, d[I]..., scale);
+}
+
+// 16 bytes from global memory to the shared-window address dst by cp.async (L2 prefetch of 128
+// bytes); zeros when !valid, and then src is never dereferenced.
+__device__ inline void cp_async_16(uint32_t dst, const uint8_t* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// 16 bytes of a row into shared memory; zeros when !valid, and then src is never dereferenced.
+__device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, bool aligned) {
+    if (aligned) {
+        cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
+    } else if (valid) {
+        for (int i = 0; i < 16; ++i) dst[i] = src[i];
+    } else {
+        for (int i = 0; i < 16; ++i) dst[i] = 0;
+    }
+}
+
+// 16 bytes of a row from global memory.
+__device__ inline uint4 load_chunk(const uint8_t* src, bool aligned) {
+    if (aligned) return __ldg(reinterpret_cast<const uint4*>(src));
+    uint32_t w[4] = {};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i / 4] |= static_cast<uint32_t>(src[i]) << (8 * (i % 4));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ inline void bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Generic-proxy writes to shared memory (st.shared, cp.async) before wgmma reads them.
+__device__ inline void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Four e4m3 to two half2 (bytes 0-1, then 2-3). The conversions take the word's halves as 16-bit
+// registers, which ptxas reads in place (R.H0, R.H1): no shift per pair, which in the producer's V
+// conversion is 64 instructions per thread and tile.
+__device__ inline uint2 e4m3x4_to_half2x2(uint32_t four) {
+    uint2 h;
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+        : "=r"(h.x), "=r"(h.y) : "r"(four));
+    return h;
+}
+
+__device__ inline uint32_t pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Sum of the products of 16 e4m3 pairs, in fp32 (each product is exact), in a fixed order.
+__device__ inline float dot_e4m3x16(uint4 a, uint4 b, float acc) {
+    const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint2 ha = e4m3x4_to_half2x2(wa[j]), hb = e4m3x4_to_half2x2(wb[j]);
+        const uint32_t xa[2] = {ha.x, ha.y}, xb[2] = {hb.x, hb.y};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&xa[k]));
+            const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&xb[k]));
+            acc = fmaf(x.x, y.x, acc);
+            acc = fmaf(x.y, y.y, acc);
+        }
+    }
+    return acc;
+}
+
+__device__ inline float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// A 4 x 4 transpose of words across a quad (lanes 4 i .. 4 i + 3): lane tig gets word tig of each
+// lane, in lane order. Every lane of the warp must call it (full-warp shuffles).
+__device__ inline void quad_transpose(uint32_t (&w)[4], int tig) {
+    const bool high_pair = tig & 2, odd = tig & 1;
+    // the 2 x 2 blocks off the diagonal, with lane tig ^ 2
+    uint32_t r0 = __shfl_xor_sync(0xffffffffu, high_pair ? w[0] : w[2], 2);
+    uint32_t r1 = __shfl_xor_sync(0xffffffffu, high_pair ? w[1] : w[3], 2);
+    if (high_pair) w[0] = r0, w[1] = r1;
+    else w[2] = r0, w[3] = r1;
+    // then within the blocks, with lane tig ^ 1
+    r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+    r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+    if (odd) w[0] = r0, w[2] = r1;
+    else w[1] = r0, w[3] = r1;
+}
+
+__device__ inline float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// A logit with its tile slot (0..63) in the 6 lowest mantissa bits (a relative change below 1e-5),
+// so that a maximum of such values says which slot it came from.
+constexpr uint32_t kSlotBits = 63;
+static_assert(kSlotsPerTile == kSlotBits + 1, "a tile slot fits the low mantissa bits");
+__device__ inline float with_slot(float logit, uint32_t slot) {
+    return __uint_as_float((__float_as_uint(logit) & ~kSlotBits) | slot);
+}
+
+// Byte offset of fp16 element (row, col) in a 1024-byte-aligned K-major tile of 64-column swizzle
+// atoms (GMMA's 128-byte swizzle: address bits 4-6 ^= bits 7-9). CuTe applies that swizzle to the
+// pointer, so a layout called on its own gives the offset without it.
+__device__ inline uint32_t sw128_byte(uint32_t row, uint32_t col) {
+    return row * 128 + ((((col / 8) ^ (row % 8)) * 16) | (col % 8) * 2);
+}
+
+// Byte offset of the 16-byte chunk of e4m3 columns 16 c .. 16 c + 15 of a row in an e4m3 tile (64
+// rows, atoms of 64 columns; GMMA's 64-byte swizzle: address bits 4-5 ^= bits 7-8).
+__device__ inline uint32_t sw64_chunk(uint32_t row, uint32_t c) {
+    return (c / 4) * (kSlotsPerTile * 64) + row * 64 + (((c % 4) ^ ((row / 2) % 4)) * 16);
+}
+
+// A wgmma accumulator of a warpgroup: element i of a thread is row 16 warp + gid + 8 ((i / 2) % 2),
+// column 8 (i / 4) + 2 tig + i % 2 (per warp, the layout of mma.sync's m16n8 tiles).
+__device__ inline int acc_row(int i) { return (i / 2) % 2; }
+__device__ inline int acc_col(int i, int tig) { return 8 * (i / 4) + 2 * tig + i % 2; }
+
+}  // namespace sparse_mla::sm90

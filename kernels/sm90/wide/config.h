@@ -1,0 +1,36 @@
+// Tile shape of the SM90 wide prefill kernel (one CTA per query token x 128 heads), shared by the
+// kernel and the host that sizes its launch. What it does not name is the 64-head kernel's
+// (sm90/config.h): the tile of slots, the warpgroups, their registers.
+#pragma once
+#include <stdint.h>
+
+#include "sm90/config.h"
+
+namespace sparse_mla::sm90::wide {
+
+constexpr int kHeadsPerWg = 64;    // one consumer warpgroup: 64 heads (rows past h_q are masked)
+constexpr int kHeadsPerCta = kConsumerWarpgroups * kHeadsPerWg;
+constexpr int kLandingBuffers = 2;  // e4m3 kv tiles: the gather runs one tile ahead of QK^T
+// O lives in f16 registers, rounded at every k16 step of P.V: over 2048 identical slots out's error
+// stays near 4e-3, over 16384 it reaches 2.9e-2 (PERF.md), past the contract's 2e-2.
+constexpr int64_t kMaxTopk = 2048;
+
+// Shared memory, each wgmma operand 1024-byte aligned for its swizzle:
+//   the fp16 tile [slot][kDv]: V, the MN-major B of P.V (P comes from registers);
+//   kLandingBuffers e4m3 kv tiles [slot][d_qk], K-major B of QK^T in 64-byte swizzle atoms;
+//   Q [head][d_qk] in e4m3, the A of QK^T in the same atoms, one half per consumer warpgroup;
+//   the validity of each landing tile's slots, a bit each.
+constexpr int landing_smem_offset(int) { return kSlotsPerTile * kDv * 2; }
+constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
+constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
+constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
+
+constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
+
+// The wide kernel takes a call when the 64-head one would run two CTAs per token, and when its f16 O
+// is accurate enough for the topk.
+constexpr bool takes(int64_t h_q, int64_t topk) { return h_q > sm90::kHeadsPerCta && topk <= kMaxTopk; }
+// Its entry point in a fatbin: the 64-head kernel's name and this suffix (prefill_instance.cu.in).
+constexpr const char* kKernelSuffix = "_wide";
+
+}  // namespace sparse_mla::sm90::wide
