@@ -68,13 +68,6 @@ __global__ void __launch_bounds__(256, 1) consumer_loop(const uint8_t* kv, const
         k_desc[h] = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
             make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(land)), typename L::E4m3{}),
             Shape<_32, Int<D>>{}, make_coord(h, 0)))(0, 0, 0));
-    auto at_k_step = [](uint64_t desc, int ks) {
-        uint64_t d;
-        asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-            : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(typename L::E4m3{}(0, ks * 32) / 16)),
-              "r"(static_cast<uint32_t>(desc >> 32)));
-        return d;
-    };
     auto thr_pv = make_tiled_mma(PvOp{}).get_thread_slice(wtid);
     Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename L::V{});
     // descriptors of (256-column half n, k16 chunk k): the low word moves by a fixed step per chunk
@@ -106,22 +99,6 @@ __global__ void __launch_bounds__(256, 1) consumer_loop(const uint8_t* kv, const
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
             float s[16] = {};
-            float part[3][16];
-            auto issue = [&](int ks) {
-                CUTE_UNROLL
-                for (int i = 0; i < 16; ++i) warpgroup_fence_operand(part[ks % 3][i]);
-                warpgroup_arrive();
-                wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(k_desc[h], ks), part[ks % 3], GMMA::ScaleOut::Zero,
-                                std::make_index_sequence<16>{});
-                warpgroup_commit_batch();
-            };
-            auto add = [&](int ks) {
-                CUTE_UNROLL
-                for (int i = 0; i < 16; ++i) {
-                    warpgroup_fence_operand(part[ks % 3][i]);
-                    s[i] += part[ks % 3][i];
-                }
-            };
             const bool first = tile == 0 && h == 0, last = tile == tiles - 1 && h == 1;
             if ((kOrdered && kMode != 2) || (kMode == 2 && first)) bar_sync(8 + wg, 256);  // my turn to issue
             if (kMode == 4) {
@@ -130,7 +107,7 @@ __global__ void __launch_bounds__(256, 1) consumer_loop(const uint8_t* kv, const
                 warpgroup_arrive();
                 CUTE_UNROLL
                 for (int ks = 0; ks < kSteps; ++ks)
-                    wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(k_desc[h], ks), s, ks ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero,
+                    wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D>(k_desc[h], ks), s, ks ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero,
                                     std::make_index_sequence<16>{});
                 warpgroup_commit_batch();
                 warpgroup_wait<0>();
@@ -143,23 +120,9 @@ __global__ void __launch_bounds__(256, 1) consumer_loop(const uint8_t* kv, const
                 CUTE_UNROLL
                 for (int i = 0; i < 16; ++i) s[i] = 0.01f * (i + tile + h);
             } else {
-            issue(0);
-            issue(1);
-            CUTE_UNROLL
-            for (int ks = 2; ks <= kSteps; ++ks) {
-                if (ks < kSteps) issue(ks);
-                if (ks == 2) {
-                    warpgroup_wait<0>();  // the previous half's P.V is older: done now, and so is step 0
+                qk_promoted<D>(q_desc, k_desc[h], s, [&] {  // the previous half's P.V is done now
                     each_o(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-                } else if (ks < kSteps) {
-                    warpgroup_wait<2>();
-                } else {
-                    warpgroup_wait<1>();
-                }
-                add(ks - 2);
-            }
-            warpgroup_wait<0>();
-            add(kSteps - 1);
+                });
             }
             if (kOrdered) bar_arrive(8 + (wg ^ 1), 256);  // the other's turn
 
@@ -186,15 +149,7 @@ __global__ void __launch_bounds__(256, 1) consumer_loop(const uint8_t* kv, const
                     const float alpha = row_ref[r] == -CUDART_INF_F ? 0.f : exp2f(row_ref[r] - row_max[r]);
                     row_ref[r] = row_max[r];
                     row_sum[r] *= alpha;
-                    const __half2 a2 = __float2half2_rn(alpha);
-                    CUTE_UNROLL
-                    for (int n = 0; n < 2; ++n)
-                        CUTE_UNROLL
-                        for (int j = r; j < 64; j += 2) {
-                            __half2 x = *reinterpret_cast<__half2*>(&o[n][j]);
-                            x = __hmul2(x, a2);
-                            o[n][j] = *reinterpret_cast<uint32_t*>(&x);
-                        }
+                    scale_f16_row(o, r, alpha);
                 }
             }
             CUTE_UNROLL

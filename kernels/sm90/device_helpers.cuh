@@ -1,4 +1,4 @@
-// Device helpers that both SM90 prefill kernels use: copies, named barriers, conversions, quad
+// Device helpers of the SM90 prefill kernels: copies, named barriers, conversions, quad
 // shuffles, the swizzled offsets of their shared-memory tiles and the layout of a wgmma accumulator.
 #pragma once
 
@@ -41,6 +41,61 @@ template <class Op, class Acc, size_t... I>
 __device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::GMMA::ScaleOut scale,
                                 std::index_sequence<I...>) {
     Op::fma(desc_a, desc_b, d[I]..., scale);
+}
+
+// A K step of an e4m3 tile's wgmma descriptor (Q or a landing tile): it moves only the start
+// address, in the descriptor's low word (addresses >> 4 < 2^14: no carry); the high word stays.
+template <int D>
+__device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d)
+        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(typename SmemLayouts<D>::E4m3{}(0, ks * kKStep) / 16)),
+          "r"(static_cast<uint32_t>(desc >> 32)));
+    return d;
+}
+
+// S = Q K^T of 64 heads x 32 slots over all of d_qk by FP8 wgmma (m64n32k32), promoted per K step:
+// each step's wgmma starts from zero into one of kQkSets register sets and is added into s in fp32
+// while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). after_wait() runs
+// at the third K step, after a wait for every wgmma of the warpgroup, so also for the P.V issued
+// before (ptxas serializes the wgmmas when that P.V is waited for with a partial count).
+template <int D, int kAcc, class AfterWait>
+__device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait) {
+    constexpr int kKSteps = D / kKStep;
+    static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
+    float part[kQkSets][kAcc];
+    auto issue = [&](int ks) {
+        CUTE_UNROLL
+        for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(part[ks % kQkSets][i]);
+        cute::warpgroup_arrive();
+        wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D>(k_desc, ks), part[ks % kQkSets],
+                        cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
+        cute::warpgroup_commit_batch();
+    };
+    auto add = [&](int ks) {
+        CUTE_UNROLL
+        for (int i = 0; i < kAcc; ++i) {
+            cute::warpgroup_fence_operand(part[ks % kQkSets][i]);
+            s[i] += part[ks % kQkSets][i];
+        }
+    };
+    issue(0);
+    issue(1);
+    CUTE_UNROLL
+    for (int ks = 2; ks <= kKSteps; ++ks) {
+        if (ks < kKSteps) issue(ks);
+        if (ks == 2) {
+            cute::warpgroup_wait<0>();
+            after_wait();
+        } else if (ks < kKSteps) {
+            cute::warpgroup_wait<2>();
+        } else {
+            cute::warpgroup_wait<1>();
+        }
+        add(ks - 2);
+    }
+    cute::warpgroup_wait<0>();
+    add(kKSteps - 1);
 }
 
 // 16 bytes from global memory to the shared-window address dst by cp.async (L2 prefetch of 128
@@ -157,6 +212,20 @@ __device__ inline uint32_t sw128_byte(uint32_t row, uint32_t col) {
 // rows, atoms of 64 columns; GMMA's 64-byte swizzle: address bits 4-5 ^= bits 7-8).
 __device__ inline uint32_t sw64_chunk(uint32_t row, uint32_t c) {
     return (c / 4) * (kSlotsPerTile * 64) + row * 64 + (((c % 4) ^ ((row / 2) % 4)) * 16);
+}
+
+// An f16 O of 64 heads x 512 columns (two 256-column wgmma accumulators, f16 pairs): this thread's
+// row r (its words j = r mod 2) times alpha.
+__device__ inline void scale_f16_row(uint32_t (&o)[2][64], int r, float alpha) {
+    const __half2 a2 = __float2half2_rn(alpha);
+    CUTE_UNROLL
+    for (int n = 0; n < 2; ++n)
+        CUTE_UNROLL
+        for (int j = r; j < 64; j += 2) {
+            __half2 x = *reinterpret_cast<__half2*>(&o[n][j]);
+            x = __hmul2(x, a2);
+            o[n][j] = *reinterpret_cast<uint32_t*>(&x);
+        }
 }
 
 // A wgmma accumulator of a warpgroup: element i of a thread is row 16 warp + gid + 8 ((i / 2) % 2),

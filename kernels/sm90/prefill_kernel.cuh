@@ -33,6 +33,7 @@
 #include "params.h"
 #include "sm90/config.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/work.cuh"
 
 namespace sparse_mla::sm90 {
 
@@ -66,7 +67,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     using L = SmemLayoutsWithP<D>;
     static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
-    constexpr int kKSteps = D / kKStep;
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
@@ -81,174 +81,16 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
 
     const int tid = threadIdx.x;
-    // Work items: (token, 64 heads), item k = token k / n_head_blocks. The grid is persistent: CTA c
-    // takes items c, c + gridDim.x, ..., so that one item's epilogue and the next one's first gathers
-    // and Q overlap. An item's result does not depend on which CTA computes it.
-    const int64_t n_head_blocks = head_blocks(p.h_q);
-    const int64_t n_items = p.s_q * n_head_blocks;
-    struct Item {
-        int64_t token, head0;
-    };
-    auto item_at = [&](int64_t item) { return Item{item / n_head_blocks, (item % n_head_blocks) * kHeadsPerCta}; };
+    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const int64_t n_items = work.n_items;
 
-    const float q_scale = p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale;
-    const float kv_scale = p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale;
-    const float logit_scale = p.sm_scale * q_scale * kv_scale * kLog2e;
-
-    // the slots of token t (topk_length clamped to [0, topk]) and their tiles (topk < 2^37)
-    auto slots_of = [&](int64_t t) -> int64_t {
-        if (!p.topk_length) return p.topk;
-        const int64_t len = p.topk_length[t * p.topk_length_stride];
-        return len < 0 ? 0 : (len < p.topk ? len : p.topk);
-    };
-    auto tiles_of = [](int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); };
-    auto in_range = [&](int32_t j) { return j >= 0 && j < p.s_kv; };
+    const Scales scale(p);
 
     if (tid >= kConsumerThreads) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-        const int ptid = tid - kConsumerThreads;
-        // A half tile is 32 rows of 16-byte chunks; a thread owns one row, and in it the chunks
-        // ptid % 4 + 4 m: one swizzle atom column apart in both the landing tile (64 e4m3 columns)
-        // and the fp16 tile (64 fp16 columns), so that one address per row serves every m.
-        constexpr int kThreadsPerRow = kProducerThreads / kHalfSlots;
-        static_assert(kThreadsPerRow == 4, "a row's threads cover one 64-byte e4m3 atom row");
-        const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
-        constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
-        constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
-
-        // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
-        struct Cursor {
-            int64_t item, n_slots;
-            const int32_t* idx_row;
-            int tile, n_tiles;
-        } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
-        auto open_item = [&]() {  // from next.item on, the first item with tiles
-            for (; next.item < n_items; next.item += gridDim.x) {
-                const int64_t t = item_at(next.item).token;
-                next.n_slots = slots_of(t);
-                next.n_tiles = tiles_of(next.n_slots);
-                next.idx_row = p.indices + t * p.indices_stride_s;
-                next.tile = 0;
-                if (next.n_tiles > 0) return;
-            }
-        };
-        // the indices of this thread's two slots in the cursor's tile (-1 past n_slots; a pair, not an
-        // array: an array indexed in a loop would go to memory), loaded a gather ahead and checked
-        // only there, to hide the latency
-        auto tile_indices = [&]() {
-            const int64_t slot = static_cast<int64_t>(next.tile) * kSlotsPerTile + row;
-            auto index = [&](int64_t s) { return s < next.n_slots ? next.idx_row[s] : -1; };
-            return next.item < n_items ? make_int2(index(slot), index(slot + kHalfSlots)) : make_int2(-1, -1);
-        };
-        // the validity of this thread's two slots in each landing buffer, posted to the consumers only
-        // when the tile is announced: the flags of a buffer are then rewritten long after the
-        // consumers last read them
-        uint32_t valid_bits = 0;
-        // this thread's chunk of its row in each half tile: the same offset in every landing tile;
-        // the shared-window address of landing tile 0 (held, not rederived per copy)
-        const uint32_t row_chunk[2] = {sw64_chunk(row, part), sw64_chunk(kHalfSlots + row, part)};
-        const uint32_t landing0 = static_cast<uint32_t>(__cvta_generic_to_shared(landing(0)));
-        auto gather = [&](int buffer, int2 indices) {
-            for (int half = 0; half < 2; ++half) {
-                const int32_t j = half ? indices.y : indices.x;
-                const bool valid = in_range(j);
-                valid_bits = (valid_bits & ~(1u << (2 * buffer + half))) | (static_cast<uint32_t>(valid) << (2 * buffer + half));
-                // an invalid row is zero-filled: cp.async then reads nothing at src
-                const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
-                constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
-                // the aligned rows on their own path: one loop through copy_chunk for both kinds does
-                // not unroll and made the kernel 12% slower (PERF.md)
-                if (p.rows_16b_aligned) {
-                    const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
-#pragma unroll
-                    for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
-                } else {
-                    uint8_t* dst = landing(buffer) + row_chunk[half];
-                    for (int m = 0; m < kChunksPerThread; ++m)
-                        copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
-                }
-            }
-            cute::cp_async_fence();
-        };
-        // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain shared
-        // addresses: CuTe's swizzled pointers would become generic stores), per half tile
-        const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
-        const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
-        auto convert_v = [&](int buffer) {
-            for (int half = 0; half < 2; ++half) {
-                const uint8_t* src = landing(buffer) + row_chunk[half];
-                uint8_t* lo = v16 + v16_lo[half];
-                uint8_t* hi = v16 + v16_hi[half];
-                // a group's loads first, so that their latencies overlap (all of them would spill)
-                constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
-#pragma unroll
-                for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
-                    uint4 e4m3[kGroup];
-#pragma unroll
-                    for (int m = 0; m < kGroup; ++m)
-                        e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
-#pragma unroll
-                    for (int m = 0; m < kGroup; ++m) {
-                        const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
-                        uint32_t h[8];
-#pragma unroll
-                        for (int i = 0; i < 8; i += 2) {
-                            const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
-                            h[i] = two.x;
-                            h[i + 1] = two.y;
-                        }
-                        *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
-                        *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
-                    }
-                }
-            }
-        };
-
-        // Tile i + kLandingBuffers - 1 is gathered while tile i is computed. One cp.async group per
-        // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
-        // of the consumers is waited for exactly once.
-        open_item();
-        int2 next_indices = tile_indices();
-        int n_gathered = 0;
-        auto gather_next = [&]() {
-            if (next.item >= n_items) {
-                cute::cp_async_fence();
-                return;
-            }
-            const int2 indices = next_indices;
-            if (++next.tile == next.n_tiles) {
-                next.item += gridDim.x;
-                open_item();
-            }
-            next_indices = tile_indices();
-            gather(n_gathered++ % kLandingBuffers, indices);
-        };
-        for (int i = 0; i < kLandingBuffers - 1; ++i) gather_next();
-        for (int tile = 0; tile < n_gathered; ++tile) {
-            const int buffer = tile % kLandingBuffers;
-            cute::cp_async_wait<kLandingBuffers - 2>();
-            fence_for_tensor_cores();
-            // warp w holds rows 8 w .. 8 w + 7, four lanes each: byte w of each half's word
-            for (int half = 0; half < 2; ++half) {
-                uint32_t bits = __ballot_sync(0xffffffffu, (valid_bits >> (2 * buffer + half)) & 1) & 0x11111111u;
-                bits = (bits | bits >> 3) & 0x03030303u;  // a row's bit every 4 lanes, gathered into a byte
-                bits = (bits | bits >> 6) & 0x000f000fu;
-                bits = (bits | bits >> 12) & 0xffu;
-                if (ptid % 32 == 0) reinterpret_cast<uint8_t*>(&slot_valid[buffer][half])[ptid / 32] = static_cast<uint8_t>(bits);
-            }
-            bar_arrive(kLandingFullBar0 + buffer, kThreads);
-            if (tile >= 1) bar_sync(kLandingEmptyBar0 + (tile - 1) % kLandingBuffers, kThreads);  // QK^T of tile - 1 done
-            gather_next();
-            bar_sync(kProducersBar, kProducerThreads);  // tile landed, from every thread
-            if (tile >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of tile - 1 done
-            convert_v(buffer);
-            fence_for_tensor_cores();
-            bar_arrive(kV16FullBar, kThreads);
-        }
-        if (n_gathered >= 1) {
-            bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kLandingBuffers, kThreads);
-            bar_sync(kV16EmptyBar, kThreads);
-        }
+        produce<D, kLandingBuffers>(p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kV16EmptyBar, kProducersBar,
+                                    [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, kThreads); },
+                                    [] { bar_arrive(kV16FullBar, kThreads); });
         return;
     }
 
@@ -261,7 +103,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item as
     // soon as this item's last QK^T is done, so the epilogue hides it.
     auto load_q = [&](int64_t item) {
-        const auto [t, head0] = item_at(item);
+        const auto [t, head0] = work.at(item);
         for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
             const int r = u / kChunks, c = u % kChunks;
             const bool valid = head0 + r < p.h_q;
@@ -284,15 +126,6 @@ __device__ void prefill(const SparseMlaParams& p) {
         make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
         Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
     auto k_desc = [&](int buffer) { return k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16); };
-    // A K step moves only the start address, in the descriptor's low word (addresses >> 4 < 2^14: no
-    // carry); the high word is the same for every step.
-    auto at_k_step = [](uint64_t desc, int ks) {
-        uint64_t d;
-        asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-            : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(typename L::E4m3{}(0, ks * kKStep) / 16)),
-              "r"(static_cast<uint32_t>(desc >> 32)));
-        return d;
-    };
 
     // per item: running max (base-2 logits, slot in the low bits), what the exponents subtract (O and
     // the sums are relative to it), the row sums over this warpgroup's own slots, the tile of the max
@@ -334,9 +167,9 @@ __device__ void prefill(const SparseMlaParams& p) {
     const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + L::p_offset * sizeof(half_t);
     int cta_tile = 0;  // this CTA's tiles so far, across items: names the landing buffer
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const auto [t, head0] = item_at(item);
-        const int64_t n_slots = slots_of(t);
-        const int n_tiles = tiles_of(n_slots);
+        const auto [t, head0] = work.at(item);
+        const int64_t n_slots = work.slots_of(t);
+        const int n_tiles = work.tiles_of(n_slots);
         const int32_t* idx_row = p.indices + t * p.indices_stride_s;
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
@@ -352,46 +185,12 @@ __device__ void prefill(const SparseMlaParams& p) {
             // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of
             // kQkSets register sets, and is added into s while the next ones run.
             float s[kAcc] = {};
-            {
-                const uint64_t kd = k_desc(buffer);
-                float part[kQkSets][kAcc];
-                auto issue = [&](int ks) {
-                    CUTE_UNROLL
-                    for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % kQkSets][i]);
-                    warpgroup_arrive();
-                    wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % kQkSets], GMMA::ScaleOut::Zero,
-                                    std::make_index_sequence<kAcc>{});
-                    warpgroup_commit_batch();
-                };
-                auto add = [&](int ks) {
-                    CUTE_UNROLL
-                    for (int i = 0; i < kAcc; ++i) {
-                        warpgroup_fence_operand(part[ks % kQkSets][i]);
-                        s[i] += part[ks % kQkSets][i];
-                    }
-                };
-                static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
-                issue(0);
-                issue(1);
-                CUTE_UNROLL
-                for (int ks = 2; ks <= kKSteps; ++ks) {
-                    if (ks < kKSteps) issue(ks);
-                    if (ks == 2) {
-                        // the previous tile's P.V, issued last, ran under the first K steps: it is
-                        // done now, and the fp16 tile is free
-                        warpgroup_wait<0>();
-                        warpgroup_fence_operand(o);
-                        if (tile > 0) bar_arrive(kV16EmptyBar, kThreads);
-                    } else if (ks < kKSteps) {
-                        warpgroup_wait<2>();
-                    } else {
-                        warpgroup_wait<1>();
-                    }
-                    add(ks - 2);
-                }
-                warpgroup_wait<0>();
-                add(kKSteps - 1);
-            }
+            qk_promoted<D>(q_desc, k_desc(buffer), s, [&] {
+                // the previous tile's P.V, issued last, ran under the first K steps: it is done now,
+                // and the fp16 tile is free
+                warpgroup_fence_operand(o);
+                if (tile > 0) bar_arrive(kV16EmptyBar, kThreads);
+            });
 
             // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
             float tile_max[2];
@@ -400,7 +199,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 CUTE_UNROLL
                 for (int i = 0; i < kAcc; ++i) {
                     const int slot = kHalfSlots * wg + acc_col(i, tig);
-                    s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+                    s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * scale.logit, slot) : -CUDART_INF_F;
                 }
                 // a row's maximum as a tree, not a chain: the softmax's latency is the tile's
                 for (int r = 0; r < 2; ++r) {
@@ -479,7 +278,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             const bool empty = row_max[r] == -CUDART_INF_F;
             float denom = sum[r];
             if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r]);
-            const float o_scale = empty ? 0.f : kv_scale / denom;
+            const float o_scale = empty ? 0.f : scale.kv / denom;
             // one base pointer and constant offsets: 64 addresses held at once would spill
             uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h + wg * kDvPerWg;
             auto bf16_pair = [&](int e) {  // columns 8 (e / 4) + 2 tig, + 1 of row r, for e = i + 2 r
@@ -506,7 +305,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         // The exact logit of the running max's slot: its product with Q (from global memory: the Q
         // tile may hold the next item's) in fp32, the quad splitting d_qk.
         float exact_max = 0.f;
-        if (in_range(j_max)) {
+        if (work.in_range(j_max)) {
             const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
             const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
             constexpr int kChunksPerThread = kChunks / 4;
@@ -519,7 +318,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 #pragma unroll
             for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
         }
-        exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
+        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
         if (h_own < p.h_q && tig == 0) {
             // The exact term of the running max's own slot replaces its tensor-core one in the sum,
             // which leaves lse only the other slots' (smaller, averaging) errors.

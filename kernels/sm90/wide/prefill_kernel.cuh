@@ -32,6 +32,7 @@
 
 #include "params.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/work.cuh"
 #include "sm90/wide/config.h"
 
 namespace sparse_mla::sm90::wide {
@@ -63,7 +64,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     using L = SmemLayouts<D>;
     static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
-    constexpr int kKSteps = D / kKStep;
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerWg * kHalfSlots / kWarpgroupThreads;  // S values of a thread
     static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
@@ -76,174 +76,16 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto slot_valid = reinterpret_cast<uint32_t (*)[kConsumerWarpgroups]>(smem + valid_smem_offset(D));
 
     const int tid = threadIdx.x;
-    // Work items: (token, 128 heads), item k = token k / n_head_blocks. The grid is persistent: CTA c
-    // takes items c, c + gridDim.x, ..., so that one item's epilogue and the next one's first gathers
-    // and Q overlap. An item's result does not depend on which CTA computes it.
-    const int64_t n_head_blocks = head_blocks(p.h_q);
-    const int64_t n_items = p.s_q * n_head_blocks;
-    struct Item {
-        int64_t token, head0;
-    };
-    auto item_at = [&](int64_t item) { return Item{item / n_head_blocks, (item % n_head_blocks) * kHeadsPerCta}; };
+    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const int64_t n_items = work.n_items;
 
-    const float q_scale = p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale;
-    const float kv_scale = p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale;
-    const float logit_scale = p.sm_scale * q_scale * kv_scale * kLog2e;
-
-    // the slots of token t (topk_length clamped to [0, topk]) and their tiles (topk < 2^37)
-    auto slots_of = [&](int64_t t) -> int64_t {
-        if (!p.topk_length) return p.topk;
-        const int64_t len = p.topk_length[t * p.topk_length_stride];
-        return len < 0 ? 0 : (len < p.topk ? len : p.topk);
-    };
-    auto tiles_of = [](int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); };
-    auto in_range = [&](int32_t j) { return j >= 0 && j < p.s_kv; };
+    const Scales scale(p);
 
     if (tid >= kConsumerThreads) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-        const int ptid = tid - kConsumerThreads;
-        // A half tile is 32 rows of 16-byte chunks; a thread owns one row, and in it the chunks
-        // ptid % 4 + 4 m: one swizzle atom column apart in both the landing tile (64 e4m3 columns)
-        // and the fp16 tile (64 fp16 columns), so that one address per row serves every m.
-        constexpr int kThreadsPerRow = kProducerThreads / kHalfSlots;
-        static_assert(kThreadsPerRow == 4, "a row's threads cover one 64-byte e4m3 atom row");
-        const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
-        constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
-        constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
-
-        // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
-        struct Cursor {
-            int64_t item, n_slots;
-            const int32_t* idx_row;
-            int tile, n_tiles;
-        } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
-        auto open_item = [&]() {  // from next.item on, the first item with tiles
-            for (; next.item < n_items; next.item += gridDim.x) {
-                const int64_t t = item_at(next.item).token;
-                next.n_slots = slots_of(t);
-                next.n_tiles = tiles_of(next.n_slots);
-                next.idx_row = p.indices + t * p.indices_stride_s;
-                next.tile = 0;
-                if (next.n_tiles > 0) return;
-            }
-        };
-        // the indices of this thread's two slots in the cursor's tile (-1 past n_slots; a pair, not an
-        // array: an array indexed in a loop would go to memory), loaded a gather ahead and checked
-        // only there, to hide the latency
-        auto tile_indices = [&]() {
-            const int64_t slot = static_cast<int64_t>(next.tile) * kSlotsPerTile + row;
-            auto index = [&](int64_t s) { return s < next.n_slots ? next.idx_row[s] : -1; };
-            return next.item < n_items ? make_int2(index(slot), index(slot + kHalfSlots)) : make_int2(-1, -1);
-        };
-        // the validity of this thread's two slots in each landing buffer, posted to the consumers only
-        // when the tile is announced: the flags of a buffer are then rewritten long after the
-        // consumers last read them
-        uint32_t valid_bits = 0;
-        // this thread's chunk of its row in each half tile: the same offset in every landing tile;
-        // the shared-window address of landing tile 0 (held, not rederived per copy)
-        const uint32_t row_chunk[2] = {sw64_chunk(row, part), sw64_chunk(kHalfSlots + row, part)};
-        const uint32_t landing0 = static_cast<uint32_t>(__cvta_generic_to_shared(landing(0)));
-        auto gather = [&](int buffer, int2 indices) {
-            for (int half = 0; half < 2; ++half) {
-                const int32_t j = half ? indices.y : indices.x;
-                const bool valid = in_range(j);
-                valid_bits = (valid_bits & ~(1u << (2 * buffer + half))) | (static_cast<uint32_t>(valid) << (2 * buffer + half));
-                // an invalid row is zero-filled: cp.async then reads nothing at src
-                const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
-                constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
-                // the aligned rows on their own path: one loop through copy_chunk for both kinds does
-                // not unroll and made the kernel 12% slower (PERF.md)
-                if (p.rows_16b_aligned) {
-                    const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
-#pragma unroll
-                    for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
-                } else {
-                    uint8_t* dst = landing(buffer) + row_chunk[half];
-                    for (int m = 0; m < kChunksPerThread; ++m)
-                        copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
-                }
-            }
-            cute::cp_async_fence();
-        };
-        // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain shared
-        // addresses: CuTe's swizzled pointers would become generic stores), per half tile
-        const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
-        const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
-        auto convert_v = [&](int buffer) {
-            for (int half = 0; half < 2; ++half) {
-                const uint8_t* src = landing(buffer) + row_chunk[half];
-                uint8_t* lo = v16 + v16_lo[half];
-                uint8_t* hi = v16 + v16_hi[half];
-                // a group's loads first, so that their latencies overlap (all of them would spill)
-                constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
-#pragma unroll
-                for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
-                    uint4 e4m3[kGroup];
-#pragma unroll
-                    for (int m = 0; m < kGroup; ++m)
-                        e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
-#pragma unroll
-                    for (int m = 0; m < kGroup; ++m) {
-                        const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
-                        uint32_t h[8];
-#pragma unroll
-                        for (int i = 0; i < 8; i += 2) {
-                            const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
-                            h[i] = two.x;
-                            h[i + 1] = two.y;
-                        }
-                        *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
-                        *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
-                    }
-                }
-            }
-        };
-
-        // Tile i + kLandingBuffers - 1 is gathered while tile i is computed. One cp.async group per
-        // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
-        // of the consumers is waited for exactly once.
-        open_item();
-        int2 next_indices = tile_indices();
-        int n_gathered = 0;
-        auto gather_next = [&]() {
-            if (next.item >= n_items) {
-                cute::cp_async_fence();
-                return;
-            }
-            const int2 indices = next_indices;
-            if (++next.tile == next.n_tiles) {
-                next.item += gridDim.x;
-                open_item();
-            }
-            next_indices = tile_indices();
-            gather(n_gathered++ % kLandingBuffers, indices);
-        };
-        for (int i = 0; i < kLandingBuffers - 1; ++i) gather_next();
-        for (int tile = 0; tile < n_gathered; ++tile) {
-            const int buffer = tile % kLandingBuffers;
-            cute::cp_async_wait<kLandingBuffers - 2>();
-            fence_for_tensor_cores();
-            // warp w holds rows 8 w .. 8 w + 7, four lanes each: byte w of each half's word
-            for (int half = 0; half < 2; ++half) {
-                uint32_t bits = __ballot_sync(0xffffffffu, (valid_bits >> (2 * buffer + half)) & 1) & 0x11111111u;
-                bits = (bits | bits >> 3) & 0x03030303u;  // a row's bit every 4 lanes, gathered into a byte
-                bits = (bits | bits >> 6) & 0x000f000fu;
-                bits = (bits | bits >> 12) & 0xffu;
-                if (ptid % 32 == 0) reinterpret_cast<uint8_t*>(&slot_valid[buffer][half])[ptid / 32] = static_cast<uint8_t>(bits);
-            }
-            for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
-            if (tile >= 1) bar_sync(kLandingEmptyBar0 + (tile - 1) % kLandingBuffers, kThreads);  // QK^T of tile - 1 done
-            gather_next();
-            bar_sync(kProducersBar, kProducerThreads);  // tile landed, from every thread
-            if (tile >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of tile - 1 done
-            convert_v(buffer);
-            fence_for_tensor_cores();
-            for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + w, kPairThreads);
-        }
-        if (n_gathered >= 1) {
-            bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kLandingBuffers, kThreads);
-            bar_sync(kV16EmptyBar, kThreads);
-        }
+        produce<D, kLandingBuffers>(p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kV16EmptyBar, kProducersBar,
+                                    [](int buffer) { for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads); },
+                                    [] { for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + w, kPairThreads); });
         return;
     }
 
@@ -258,7 +100,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // (issued inside the tile loop it made ptxas spill there: 6% slower, PERF.md); the warpgroups
     // share nothing else of an item, so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
-        const auto [t, head_pair0] = item_at(item);
+        const auto [t, head_pair0] = work.at(item);
         const int64_t head0 = head_pair0 + wg * kHeadsPerWg;
         for (int u = wg_tid; u < kHeadsPerWg * kChunks; u += kWarpgroupThreads) {
             const int r = u / kChunks, c = u % kChunks;
@@ -279,13 +121,6 @@ __device__ void prefill(const SparseMlaParams& p) {
         k_desc0[h] = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
             make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
             Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(h, 0)))(0, 0, 0));
-    auto at_k_step = [](uint64_t desc, int ks) {
-        uint64_t d;
-        asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-            : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(typename L::E4m3{}(0, ks * kKStep) / 16)),
-              "r"(static_cast<uint32_t>(desc >> 32)));
-        return d;
-    };
     // P.V's V descriptors: 256-column half n, k16 chunk k of the slots; a chunk moves the low word
     auto thr_pv = make_tiled_mma(MmaPV{}).get_thread_slice(wg_tid);
     Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename L::V{});
@@ -329,24 +164,16 @@ __device__ void prefill(const SparseMlaParams& p) {
             const float alpha = exp2f(row_ref[r] - row_max[r]);
             row_ref[r] = row_max[r];
             row_sum[r] *= alpha;
-            const __half2 a2 = __float2half2_rn(alpha);
-            CUTE_UNROLL
-            for (int n = 0; n < 2; ++n)
-                CUTE_UNROLL
-                for (int j = r; j < 64; j += 2) {
-                    __half2 x = *reinterpret_cast<__half2*>(&o[n][j]);
-                    x = __hmul2(x, a2);
-                    o[n][j] = *reinterpret_cast<uint32_t*>(&x);
-                }
+            scale_f16_row(o, r, alpha);
         }
     };
 
     int cta_tile = 0;
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const auto [t, head_pair0] = item_at(item);
+        const auto [t, head_pair0] = work.at(item);
         const int64_t head0 = head_pair0 + wg * kHeadsPerWg;  // this warpgroup's first head
-        const int64_t n_slots = slots_of(t);
-        const int n_tiles = tiles_of(n_slots);
+        const int64_t n_slots = work.slots_of(t);
+        const int n_tiles = work.tiles_of(n_slots);
         const int32_t* idx_row = p.indices + t * p.indices_stride_s;
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
@@ -361,45 +188,11 @@ __device__ void prefill(const SparseMlaParams& p) {
             CUTE_UNROLL
             for (int h = 0; h < 2; ++h) {
                 float s[kAcc] = {};
-                {
-                    const uint64_t kd = k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16);
-                    float part[kQkSets][kAcc];
-                    auto issue = [&](int ks) {
-                        CUTE_UNROLL
-                        for (int i = 0; i < kAcc; ++i) warpgroup_fence_operand(part[ks % kQkSets][i]);
-                        warpgroup_arrive();
-                        wgmma_ss<MmaQK>(at_k_step(q_desc, ks), at_k_step(kd, ks), part[ks % kQkSets], GMMA::ScaleOut::Zero,
-                                        std::make_index_sequence<kAcc>{});
-                        warpgroup_commit_batch();
-                    };
-                    auto add = [&](int ks) {
-                        CUTE_UNROLL
-                        for (int i = 0; i < kAcc; ++i) {
-                            warpgroup_fence_operand(part[ks % kQkSets][i]);
-                            s[i] += part[ks % kQkSets][i];
-                        }
-                    };
-                    issue(0);
-                    issue(1);
-                    CUTE_UNROLL
-                    for (int ks = 2; ks <= kKSteps; ++ks) {
-                        if (ks < kKSteps) issue(ks);
-                        if (ks == 2) {
-                            // the previous half's P.V, issued last, is done now
-                            warpgroup_wait<0>();
-                            each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
-                            if (h == 0 && tile > 0) bar_arrive(kV16EmptyBar, kThreads);  // the fp16 tile is free
-                        } else if (ks < kKSteps) {
-                            warpgroup_wait<2>();
-                        } else {
-                            warpgroup_wait<1>();
-                        }
-                        add(ks - 2);
-                    }
-                    warpgroup_wait<0>();
-                    add(kKSteps - 1);
-                    
-                }
+                qk_promoted<D>(q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
+                    // the previous half's P.V, issued last, is done now
+                    each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
+                    if (h == 0 && tile > 0) bar_arrive(kV16EmptyBar, kThreads);  // the fp16 tile is free
+                });
                 if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
                 // online softmax, base 2, on this half's 32 slots: element i is slot 32 h + acc_col(i)
@@ -409,7 +202,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                     CUTE_UNROLL
                     for (int i = 0; i < kAcc; ++i) {
                         const int slot = kHalfSlots * h + acc_col(i, tig);
-                        s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+                        s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * scale.logit, slot) : -CUDART_INF_F;
                         tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
                     }
                 }
@@ -465,7 +258,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             const bool real = h < p.h_q;
             float denom = sum[r];
             if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r] - p_shift);
-            const float o_scale = row_max[r] == -CUDART_INF_F ? 0.f : kv_scale / denom;
+            const float o_scale = row_max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
             uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
             auto bf16_pair = [&](const uint32_t& f16_pair) {  // columns 8 (j / 2) + 2 tig, + 1 of o[n][j]
                 const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&f16_pair));
@@ -497,7 +290,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             float exact_max = 0.f;
-            if (in_range(j_max[r])) {
+            if (work.in_range(j_max[r])) {
                 const uint8_t* kv = p.kv + j_max[r] * p.kv_stride_s;
                 const uint8_t* q = p.q + t * p.q_stride_s + (head0 + row0 + 8 * r) * p.q_stride_h;
                 uint4 kc[kChunksPerThread], qc[kChunksPerThread];
@@ -509,7 +302,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 CUTE_UNROLL
                 for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], kc[m], exact_max);
             }
-            exact_max = quad_sum(exact_max) * p.sm_scale * q_scale * kv_scale;
+            exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
             const int64_t h = head0 + row0 + 8 * r;
             const bool empty = row_max[r] == -CUDART_INF_F;
             if (h < p.h_q && tig == 0) {

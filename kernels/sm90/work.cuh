@@ -1,0 +1,206 @@
+// The work both SM90 prefill kernels share: their items (a token and a block of heads) on a
+// persistent grid, the slots of a token, and the producer warpgroup that gathers the kv tiles and
+// converts their V to fp16.
+#pragma once
+
+#include <stdint.h>
+
+#include <cute/arch/copy_sm80.hpp>
+
+#include "params.h"
+#include "sm90/config.h"
+#include "sm90/device_helpers.cuh"
+
+namespace sparse_mla::sm90 {
+
+// Work items: (token, heads_per_cta heads), item k = token k / n_head_blocks. The grid is
+// persistent: CTA c takes items c, c + gridDim.x, ..., so that one item's epilogue and the next one's
+// first gathers and Q overlap. An item's result does not depend on which CTA computes it.
+struct WorkItems {
+    struct Item {
+        int64_t token, head0;
+    };
+    const SparseMlaParams& p;
+    int64_t heads_per_cta, n_head_blocks, n_items;
+
+    __device__ WorkItems(const SparseMlaParams& params, int64_t heads, int64_t head_blocks)
+        : p(params), heads_per_cta(heads), n_head_blocks(head_blocks), n_items(params.s_q * head_blocks) {}
+    __device__ Item at(int64_t item) const { return Item{item / n_head_blocks, (item % n_head_blocks) * heads_per_cta}; }
+    // the slots of token t (topk_length clamped to [0, topk]) and their tiles (topk < 2^37)
+    __device__ int64_t slots_of(int64_t t) const {
+        if (!p.topk_length) return p.topk;
+        const int64_t len = p.topk_length[t * p.topk_length_stride];
+        return len < 0 ? 0 : (len < p.topk ? len : p.topk);
+    }
+    __device__ static int tiles_of(int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); }
+    __device__ bool in_range(int32_t j) const { return j >= 0 && j < p.s_kv; }
+};
+
+// The call's scales: q_scale and kv_scale (numbers, or device pointers read here: no host sync), and
+// what takes an e4m3 dot product to a base-2 logit.
+struct Scales {
+    float q, kv, logit;
+    __device__ explicit Scales(const SparseMlaParams& p)
+        : q(p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale), kv(p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale),
+          logit(p.sm_scale * q * kv * kLog2e) {}
+};
+
+// The producer warpgroup: the CTA's tiles in order across its items, each gathered (cp.async) into
+// one of kBuffers landing tiles, kBuffers - 1 tiles ahead of QK^T, with the validity of its slots in
+// slot_valid; then its V converted to fp16 into the one fp16 tile. Named barriers: the consumers
+// arrive on landing_empty_bar0 + buffer once their QK^T has read a landing tile and on v16_empty_bar
+// once their P.V has read the fp16 tile; announce_landed(buffer) and announce_converted() tell them
+// that a tile is ready (each kernel has its own barriers for that); producers_bar is the producer's own.
+template <int D, int kBuffers, class Landed, class Converted>
+__device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing0_tile, uint8_t* v16,
+                        uint32_t (*slot_valid)[kConsumerWarpgroups], int landing_empty_bar0, int v16_empty_bar,
+                        int producers_bar, Landed announce_landed, Converted announce_converted) {
+    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    constexpr int kHalfSlots = kSlotsPerTile / 2;
+    auto landing = [&](int buffer) { return landing0_tile + buffer * e4m3_tile_bytes(D); };
+    const int ptid = threadIdx.x - kConsumerThreads;
+    // A half tile is 32 rows of 16-byte chunks; a thread owns one row, and in it the chunks
+    // ptid % 4 + 4 m: one swizzle atom column apart in both the landing tile (64 e4m3 columns)
+    // and the fp16 tile (64 fp16 columns), so that one address per row serves every m.
+    constexpr int kThreadsPerRow = kProducerThreads / kHalfSlots;
+    static_assert(kThreadsPerRow == 4, "a row's threads cover one 64-byte e4m3 atom row");
+    const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
+    constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
+    constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
+
+    // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
+    struct Cursor {
+        int64_t item, n_slots;
+        const int32_t* idx_row;
+        int tile, n_tiles;
+    } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
+    auto open_item = [&]() {  // from next.item on, the first item with tiles
+        for (; next.item < work.n_items; next.item += gridDim.x) {
+            const int64_t t = work.at(next.item).token;
+            next.n_slots = work.slots_of(t);
+            next.n_tiles = work.tiles_of(next.n_slots);
+            next.idx_row = p.indices + t * p.indices_stride_s;
+            next.tile = 0;
+            if (next.n_tiles > 0) return;
+        }
+    };
+    // the indices of this thread's two slots in the cursor's tile (-1 past n_slots; a pair, not an
+    // array: an array indexed in a loop would go to memory), loaded a gather ahead and checked
+    // only there, to hide the latency
+    auto tile_indices = [&]() {
+        const int64_t slot = static_cast<int64_t>(next.tile) * kSlotsPerTile + row;
+        auto index = [&](int64_t s) { return s < next.n_slots ? next.idx_row[s] : -1; };
+        return next.item < work.n_items ? make_int2(index(slot), index(slot + kHalfSlots)) : make_int2(-1, -1);
+    };
+    // the validity of this thread's two slots in each landing buffer, posted to the consumers only
+    // when the tile is announced: the flags of a buffer are then rewritten long after the
+    // consumers last read them
+    uint32_t valid_bits = 0;
+    // this thread's chunk of its row in each half tile: the same offset in every landing tile;
+    // the shared-window address of landing tile 0 (held, not rederived per copy)
+    const uint32_t row_chunk[2] = {sw64_chunk(row, part), sw64_chunk(kHalfSlots + row, part)};
+    const uint32_t landing0 = static_cast<uint32_t>(__cvta_generic_to_shared(landing(0)));
+    auto gather = [&](int buffer, int2 indices) {
+        for (int half = 0; half < 2; ++half) {
+            const int32_t j = half ? indices.y : indices.x;
+            const bool valid = work.in_range(j);
+            valid_bits = (valid_bits & ~(1u << (2 * buffer + half))) | (static_cast<uint32_t>(valid) << (2 * buffer + half));
+            // an invalid row is zero-filled: cp.async then reads nothing at src
+            const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
+            constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
+            // the aligned rows on their own path: one loop through copy_chunk for both kinds does
+            // not unroll and made the kernel 12% slower (PERF.md)
+            if (p.rows_16b_aligned) {
+                const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
+#pragma unroll
+                for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
+            } else {
+                uint8_t* dst = landing(buffer) + row_chunk[half];
+                for (int m = 0; m < kChunksPerThread; ++m)
+                    copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
+            }
+        }
+        cute::cp_async_fence();
+    };
+    // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain shared
+    // addresses: CuTe's swizzled pointers would become generic stores), per half tile
+    const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
+    const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
+    auto convert_v = [&](int buffer) {
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t* src = landing(buffer) + row_chunk[half];
+            uint8_t* lo = v16 + v16_lo[half];
+            uint8_t* hi = v16 + v16_hi[half];
+            // a group's loads first, so that their latencies overlap (all of them would spill)
+            constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
+#pragma unroll
+            for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
+                uint4 e4m3[kGroup];
+#pragma unroll
+                for (int m = 0; m < kGroup; ++m)
+                    e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
+#pragma unroll
+                for (int m = 0; m < kGroup; ++m) {
+                    const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
+                    uint32_t h[8];
+#pragma unroll
+                    for (int i = 0; i < 8; i += 2) {
+                        const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
+                        h[i] = two.x;
+                        h[i + 1] = two.y;
+                    }
+                    *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
+                    *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
+                }
+            }
+        }
+    };
+
+    // Tile i + kBuffers - 1 is gathered while tile i is computed. One cp.async group per
+    // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
+    // of the consumers is waited for exactly once.
+    open_item();
+    int2 next_indices = tile_indices();
+    int n_gathered = 0;
+    auto gather_next = [&]() {
+        if (next.item >= work.n_items) {
+            cute::cp_async_fence();
+            return;
+        }
+        const int2 indices = next_indices;
+        if (++next.tile == next.n_tiles) {
+            next.item += gridDim.x;
+            open_item();
+        }
+        next_indices = tile_indices();
+        gather(n_gathered++ % kBuffers, indices);
+    };
+    for (int i = 0; i < kBuffers - 1; ++i) gather_next();
+    for (int tile = 0; tile < n_gathered; ++tile) {
+        const int buffer = tile % kBuffers;
+        cute::cp_async_wait<kBuffers - 2>();
+        fence_for_tensor_cores();
+        // warp w holds rows 8 w .. 8 w + 7, four lanes each: byte w of each half's word
+        for (int half = 0; half < 2; ++half) {
+            uint32_t bits = __ballot_sync(0xffffffffu, (valid_bits >> (2 * buffer + half)) & 1) & 0x11111111u;
+            bits = (bits | bits >> 3) & 0x03030303u;  // a row's bit every 4 lanes, gathered into a byte
+            bits = (bits | bits >> 6) & 0x000f000fu;
+            bits = (bits | bits >> 12) & 0xffu;
+            if (ptid % 32 == 0) reinterpret_cast<uint8_t*>(&slot_valid[buffer][half])[ptid / 32] = static_cast<uint8_t>(bits);
+        }
+        announce_landed(buffer);
+        if (tile >= 1) bar_sync(landing_empty_bar0 + (tile - 1) % kBuffers, kThreads);  // QK^T of tile - 1 done
+        gather_next();
+        bar_sync(producers_bar, kProducerThreads);  // tile landed, from every thread
+        if (tile >= 1) bar_sync(v16_empty_bar, kThreads);  // P.V of tile - 1 done
+        convert_v(buffer);
+        fence_for_tensor_cores();
+        announce_converted();
+    }
+    if (n_gathered >= 1) {
+        bar_sync(landing_empty_bar0 + (n_gathered - 1) % kBuffers, kThreads);
+        bar_sync(v16_empty_bar, kThreads);
+    }
+}
+
+}  // namespace sparse_mla::sm90
