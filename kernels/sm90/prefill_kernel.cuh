@@ -88,9 +88,12 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     if (tid >= kConsumerThreads) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-        produce<D, kLandingBuffers>(p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kV16EmptyBar, kProducersBar,
-                                    [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, kThreads); },
-                                    [] { bar_arrive(kV16FullBar, kThreads); });
+        // P.V reads the whole fp16 tile at once
+        produce<D, kLandingBuffers>(
+            p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
+            [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, kThreads); },
+            [](int half) { if (half == 0) bar_sync(kV16EmptyBar, kThreads); },
+            [](int half) { if (half == 1) bar_arrive(kV16FullBar, kThreads); });
         return;
     }
 

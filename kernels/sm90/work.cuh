@@ -47,14 +47,15 @@ struct Scales {
 
 // The producer warpgroup: the CTA's tiles in order across its items, each gathered (cp.async) into
 // one of kBuffers landing tiles, kBuffers - 1 tiles ahead of QK^T, with the validity of its slots in
-// slot_valid; then its V converted to fp16 into the one fp16 tile. Named barriers: the consumers
-// arrive on landing_empty_bar0 + buffer once their QK^T has read a landing tile and on v16_empty_bar
-// once their P.V has read the fp16 tile; announce_landed(buffer) and announce_converted() tell them
-// that a tile is ready (each kernel has its own barriers for that); producers_bar is the producer's own.
-template <int D, int kBuffers, class Landed, class Converted>
+// slot_valid; then its V converted to fp16 into the one fp16 tile, a half tile (32 slots) at a time.
+// The consumers arrive on the named barrier landing_empty_bar0 + buffer once their QK^T has read a
+// landing tile; producers_bar is the producer's own. The rest is each kernel's: announce_landed(buffer)
+// tells the consumers that a tile landed, wait_v16_free(half) waits until their P.V has read that half
+// of the fp16 tile, announce_converted(half) tells them that it holds the next tile's V.
+template <int D, int kBuffers, class Landed, class V16Free, class Converted>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing0_tile, uint8_t* v16,
-                        uint32_t (*slot_valid)[kConsumerWarpgroups], int landing_empty_bar0, int v16_empty_bar,
-                        int producers_bar, Landed announce_landed, Converted announce_converted) {
+                        uint32_t (*slot_valid)[kConsumerWarpgroups], int landing_empty_bar0, int producers_bar,
+                        Landed announce_landed, V16Free wait_v16_free, Converted announce_converted) {
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     auto landing = [&](int buffer) { return landing0_tile + buffer * e4m3_tile_bytes(D); };
@@ -123,35 +124,34 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         cute::cp_async_fence();
     };
     // the row's two 16-byte pieces of fp16 columns 16 part .. + 15 in atom column 0 (plain shared
-    // addresses: CuTe's swizzled pointers would become generic stores), per half tile
+    // addresses: CuTe's swizzled pointers would become generic stores), per half tile; a half tile's
+    // slots are their own bytes of every atom column, so that the consumers read one while the other is written
     const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
     const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
-    auto convert_v = [&](int buffer) {
-        for (int half = 0; half < 2; ++half) {
-            const uint8_t* src = landing(buffer) + row_chunk[half];
-            uint8_t* lo = v16 + v16_lo[half];
-            uint8_t* hi = v16 + v16_hi[half];
-            // a group's loads first, so that their latencies overlap (all of them would spill)
-            constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
+    auto convert_v = [&](int buffer, int half) {
+        const uint8_t* src = landing(buffer) + row_chunk[half];
+        uint8_t* lo = v16 + v16_lo[half];
+        uint8_t* hi = v16 + v16_hi[half];
+        // a group's loads first, so that their latencies overlap (all of them would spill)
+        constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
 #pragma unroll
-            for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
-                uint4 e4m3[kGroup];
+        for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
+            uint4 e4m3[kGroup];
 #pragma unroll
-                for (int m = 0; m < kGroup; ++m)
-                    e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
+            for (int m = 0; m < kGroup; ++m)
+                e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
 #pragma unroll
-                for (int m = 0; m < kGroup; ++m) {
-                    const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
-                    uint32_t h[8];
+            for (int m = 0; m < kGroup; ++m) {
+                const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
+                uint32_t h[8];
 #pragma unroll
-                    for (int i = 0; i < 8; i += 2) {
-                        const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
-                        h[i] = two.x;
-                        h[i + 1] = two.y;
-                    }
-                    *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
-                    *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
+                for (int i = 0; i < 8; i += 2) {
+                    const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
+                    h[i] = two.x;
+                    h[i + 1] = two.y;
                 }
+                *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
+                *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
             }
         }
     };
@@ -192,14 +192,16 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         if (tile >= 1) bar_sync(landing_empty_bar0 + (tile - 1) % kBuffers, kThreads);  // QK^T of tile - 1 done
         gather_next();
         bar_sync(producers_bar, kProducerThreads);  // tile landed, from every thread
-        if (tile >= 1) bar_sync(v16_empty_bar, kThreads);  // P.V of tile - 1 done
-        convert_v(buffer);
-        fence_for_tensor_cores();
-        announce_converted();
+        for (int half = 0; half < 2; ++half) {
+            if (tile >= 1) wait_v16_free(half);  // P.V of tile - 1 has read this half
+            convert_v(buffer, half);
+            fence_for_tensor_cores();
+            announce_converted(half);
+        }
     }
     if (n_gathered >= 1) {
         bar_sync(landing_empty_bar0 + (n_gathered - 1) % kBuffers, kThreads);
-        bar_sync(v16_empty_bar, kThreads);
+        for (int half = 0; half < 2; ++half) wait_v16_free(half);
     }
 }
 

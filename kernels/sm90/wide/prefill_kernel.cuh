@@ -50,9 +50,9 @@ __device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d
 enum Barrier : int {
     kLandingFullBar0 = 1,  // + 2 landing buffer + consumer warpgroup: each warpgroup waits for its own
     kLandingEmptyBar0 = kLandingFullBar0 + kLandingBuffers * kConsumerWarpgroups,  // + landing buffer
-    kV16FullBar0 = kLandingEmptyBar0 + kLandingBuffers,  // + consumer warpgroup
-    kV16EmptyBar = kV16FullBar0 + kConsumerWarpgroups,
-    kProducersBar,
+    kV16FullBar0 = kLandingEmptyBar0 + kLandingBuffers,  // + 2 half tile + consumer warpgroup
+    kV16EmptyBar0 = kV16FullBar0 + 2 * kConsumerWarpgroups,  // + half tile
+    kProducersBar = kV16EmptyBar0 + 2,
     kQBar0,  // + consumer warpgroup: its Q landed
 };
 static_assert(kQBar0 + kConsumerWarpgroups <= 16, "sm_90 has 16 named barriers");
@@ -83,9 +83,16 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     if (tid >= kConsumerThreads) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-        produce<D, kLandingBuffers>(p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kV16EmptyBar, kProducersBar,
-                                    [](int buffer) { for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads); },
-                                    [] { for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + w, kPairThreads); });
+        // each consumer warpgroup waits for its own barriers; P.V reads the fp16 tile a half at a time
+        produce<D, kLandingBuffers>(
+            p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
+            [](int buffer) {
+                for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
+            },
+            [](int half) { bar_sync(kV16EmptyBar0 + half, kThreads); },
+            [](int half) {
+                for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + kConsumerWarpgroups * half + w, kPairThreads);
+            });
         return;
     }
 
@@ -191,7 +198,9 @@ __device__ void prefill(const SparseMlaParams& p) {
                 qk_promoted<D>(q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
                     // the previous half's P.V, issued last, is done now
                     each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
-                    if (h == 0 && tile > 0) bar_arrive(kV16EmptyBar, kThreads);  // the fp16 tile is free
+                    // its half of the fp16 tile is free: half 0 (this tile's) under the second half's
+                    // QK^T, half 1 (the previous tile's) under the next tile's first
+                    if (h == 1 || tile > 0) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
                 });
                 if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
@@ -222,7 +231,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                     pr[h][i / 2] = pack_half2(p0, p1);
                 }
 
-                if (h == 0) bar_sync(kV16FullBar0 + wg, kPairThreads);
+                bar_sync(kV16FullBar0 + kConsumerWarpgroups * h + wg, kPairThreads);  // V of this half tile
                 each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
                 warpgroup_arrive();
                 CUTE_UNROLL
@@ -235,7 +244,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
         warpgroup_wait<0>();
         each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
-        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
         if (more) load_q(item + gridDim.x);
 
         // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
