@@ -10,7 +10,9 @@
 //      half tile (m64n32k32) at a time. The tensor cores keep only ~14 bits of a sum, so every K
 //      step starts from zero and is added into fp32 registers (PERF.md);
 //   3. meanwhile the producer converts V (the first 512 columns) to fp16, into a 128-byte-swizzled
-//      [slot][column] tile that P.V reads MN-major: no transpose;
+//      [slot][column] tile that P.V reads MN-major (no transpose), one half tile at a time: each
+//      half is announced, waited for and freed on its own, so that converting the next tile's first
+//      half overlaps this tile's second P.V;
 //   4. online softmax in base 2 on the half tile; the slot of each logit rides in its 6 lowest
 //      mantissa bits, so the running maximum names its slot. P (fp16, scaled by 2^-p_shift) stays in
 //      registers as the A of P.V, and O accumulates in f16 registers over all 512 columns: wgmma's f16
