@@ -20,6 +20,8 @@ SHAPES = [  # (s_q, s_kv, h_q, d_qk, topk): odd h_q and topk, topk > s_kv (so du
     (3, 400, 3, 512, 300),
     (2, 256, 128, 576, 128),
     (3, 128, 64, 512, 64),
+    (2, 300, 130, 512, 70),  # the wide kernel's second head block: 2 heads
+    (2, 500, 200, 576, 130),  # and 72: its second warpgroup's 8
 ]
 
 
