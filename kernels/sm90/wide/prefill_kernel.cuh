@@ -296,22 +296,45 @@ __device__ void prefill(const SparseMlaParams& p) {
                         *reinterpret_cast<uint32_t*>(out + 256 * n + 8 * (j / 2) + 2 * tig) = bf16_pair(o[n][j]);
             }
         }
-        // each row's loads at once, the quad splitting d_qk
+        // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
+        // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
         constexpr int kChunksPerThread = kChunks / 4;
+        uint4 kc[2][kChunksPerThread], qc[2][kChunksPerThread];
+        // a row is read only when it is real and has a valid max slot; otherwise the loads read the
+        // token's first q row in its place (unconditional loads keep kc and qc in registers)
+        bool exact[2];
+        const uint8_t* kv_row[2];
+        const uint8_t* q_row[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            exact[r] = work.in_range(j_max[r]);
+            const uint8_t* q_token = p.q + t * p.q_stride_s + 16 * tig;
+            q_row[r] = exact[r] ? q_token + (head0 + row0 + 8 * r) * p.q_stride_h : q_token;
+            kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s + 16 * tig : q_token;
+        }
+        if (p.rows_16b_aligned) {
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r)
+                CUTE_UNROLL
+                for (int m = 0; m < kChunksPerThread; ++m) {
+                    kc[r][m] = load_chunk(kv_row[r] + 64 * m, true);
+                    qc[r][m] = load_chunk(q_row[r] + 64 * m, true);
+                }
+        } else {
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r)
+                CUTE_UNROLL
+                for (int m = 0; m < kChunksPerThread; ++m) {
+                    kc[r][m] = load_chunk(kv_row[r] + 64 * m, false);
+                    qc[r][m] = load_chunk(q_row[r] + 64 * m, false);
+                }
+        }
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             float exact_max = 0.f;
-            if (work.in_range(j_max[r])) {
-                const uint8_t* kv = p.kv + j_max[r] * p.kv_stride_s;
-                const uint8_t* q = p.q + t * p.q_stride_s + (head0 + row0 + 8 * r) * p.q_stride_h;
-                uint4 kc[kChunksPerThread], qc[kChunksPerThread];
+            if (exact[r]) {
                 CUTE_UNROLL
-                for (int m = 0; m < kChunksPerThread; ++m) {
-                    kc[m] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
-                    qc[m] = load_chunk(q + 16 * (tig + 4 * m), p.rows_16b_aligned);
-                }
-                CUTE_UNROLL
-                for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], kc[m], exact_max);
+                for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
             }
             exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
             const int64_t h = head0 + row0 + 8 * r;
