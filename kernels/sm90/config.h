@@ -1,4 +1,5 @@
-// Tile shape of the SM90 prefill kernel, shared by the kernel and the host that sizes its launch.
+// Tile shape of the SM90 64-head prefill kernel, shared by the kernel and the host that sizes its
+// launch; the tile of slots, the warpgroups and their registers are the wide kernel's too (wide/config.h).
 #pragma once
 #include <stdint.h>
 

@@ -1,4 +1,5 @@
-// The SM90 FP8 sparse MLA prefill kernel, one template for every QK head dim.
+// The SM90 FP8 sparse MLA prefill kernel for 64 heads per CTA, one template for every QK head dim; it
+// takes the calls that the wide kernel (wide/) does not: h_q <= 64, and topk > wide::kMaxTopk.
 //
 // One CTA computes one query token for 64 heads: a producer warpgroup and two consumer warpgroups,
 // meeting on named barriers. Per tile of 64 topk slots:
