@@ -124,6 +124,14 @@ __device__ inline uint4 load_chunk(const uint8_t* src, bool aligned) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// A quad's share of an e4m3 row for an exact dot product: thread tig's 16-byte chunks tig + 4 m.
+// aligned may be a compile-time constant (std::true_type), which leaves no branch per chunk.
+template <int N, class Aligned>
+__device__ inline void load_quad_share(uint4 (&dst)[N], const uint8_t* row, int tig, Aligned aligned) {
+#pragma unroll
+    for (int m = 0; m < N; ++m) dst[m] = load_chunk(row + 16 * (tig + 4 * m), aligned);
+}
+
 __device__ inline void bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }

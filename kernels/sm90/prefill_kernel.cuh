@@ -88,7 +88,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     const Scales scale(p);
 
     if (tid >= kConsumerThreads) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
         // P.V reads the whole fp16 tile at once
         produce<D, kLandingBuffers>(
             p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
@@ -108,13 +107,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // soon as this item's last QK^T is done, so the epilogue hides it.
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
-        for (int u = tid; u < kHeadsPerCta * kChunks; u += kConsumerThreads) {
-            const int r = u / kChunks, c = u % kChunks;
-            const bool valid = head0 + r < p.h_q;
-            const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
-            copy_chunk(q_tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
-        }
-        cute::cp_async_fence();
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
@@ -314,11 +307,8 @@ __device__ void prefill(const SparseMlaParams& p) {
             const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
             constexpr int kChunksPerThread = kChunks / 4;
             uint4 k[kChunksPerThread], qc[kChunksPerThread];
-#pragma unroll
-            for (int m = 0; m < kChunksPerThread; ++m) {
-                k[m] = load_chunk(kv + 16 * (tig + 4 * m), p.rows_16b_aligned);
-                qc[m] = load_chunk(q + 16 * (tig + 4 * m), p.rows_16b_aligned);
-            }
+            load_quad_share(k, kv, tig, p.rows_16b_aligned);
+            load_quad_share(qc, q, tig, p.rows_16b_aligned);
 #pragma unroll
             for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
         }

@@ -45,7 +45,24 @@ struct Scales {
           logit(p.sm_scale * q * kv * kLog2e) {}
 };
 
-// The producer warpgroup: the CTA's tiles in order across its items, each gathered (cp.async) into
+// Q rows head0 .. head0 + n_heads - 1 of token t into a tile in Q's swizzled layout (64-byte atoms,
+// rows of d_qk bytes), copied by threads first, first + step, ...; heads past h_q become zero rows.
+// One cp.async group.
+template <int D>
+__device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, int64_t head0, int n_heads, int first,
+                            int step) {
+    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    for (int u = first; u < n_heads * kChunks; u += step) {
+        const int r = u / kChunks, c = u % kChunks;
+        const bool valid = head0 + r < p.h_q;
+        const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
+        copy_chunk(tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
+    }
+    cute::cp_async_fence();
+}
+
+// The producer warpgroup (it first gives its registers to the consumers): the CTA's tiles in order
+// across its items, each gathered (cp.async) into
 // one of kBuffers landing tiles, kBuffers - 1 tiles ahead of QK^T, with the validity of its slots in
 // slot_valid; then its V converted to fp16 into the one fp16 tile, a half tile (32 slots) at a time.
 // The consumers arrive on the named barrier landing_empty_bar0 + buffer once their QK^T has read a
@@ -56,6 +73,7 @@ template <int D, int kBuffers, class Landed, class V16Free, class Converted>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing0_tile, uint8_t* v16,
                         uint32_t (*slot_valid)[kConsumerWarpgroups], int landing_empty_bar0, int producers_bar,
                         Landed announce_landed, V16Free wait_v16_free, Converted announce_converted) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     auto landing = [&](int buffer) { return landing0_tile + buffer * e4m3_tile_bytes(D); };

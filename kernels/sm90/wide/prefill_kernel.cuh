@@ -84,7 +84,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     const Scales scale(p);
 
     if (tid >= kConsumerThreads) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
         // each consumer warpgroup waits for its own barriers; P.V reads the fp16 tile a half at a time
         produce<D, kLandingBuffers>(
             p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
@@ -110,14 +109,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     // share nothing else of an item, so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
         const auto [t, head_pair0] = work.at(item);
-        const int64_t head0 = head_pair0 + wg * kHeadsPerWg;
-        for (int u = wg_tid; u < kHeadsPerWg * kChunks; u += kWarpgroupThreads) {
-            const int r = u / kChunks, c = u % kChunks;
-            const bool valid = head0 + r < p.h_q;
-            const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
-            copy_chunk(q_tile + wg * kHeadsPerWg * D + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
-        }
-        cute::cp_async_fence();
+        load_q_rows<D>(p, q_tile + wg * kHeadsPerWg * D, t, head_pair0 + wg * kHeadsPerWg, kHeadsPerWg, wg_tid,
+                       kWarpgroupThreads);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
@@ -308,27 +301,19 @@ __device__ void prefill(const SparseMlaParams& p) {
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             exact[r] = work.in_range(j_max[r]);
-            const uint8_t* q_token = p.q + t * p.q_stride_s + 16 * tig;
+            const uint8_t* q_token = p.q + t * p.q_stride_s;
             q_row[r] = exact[r] ? q_token + (head0 + row0 + 8 * r) * p.q_stride_h : q_token;
-            kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s + 16 * tig : q_token;
+            kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s : q_token;
         }
-        if (p.rows_16b_aligned) {
+        auto load_rows = [&](auto aligned) {
             CUTE_UNROLL
-            for (int r = 0; r < 2; ++r)
-                CUTE_UNROLL
-                for (int m = 0; m < kChunksPerThread; ++m) {
-                    kc[r][m] = load_chunk(kv_row[r] + 64 * m, true);
-                    qc[r][m] = load_chunk(q_row[r] + 64 * m, true);
-                }
-        } else {
-            CUTE_UNROLL
-            for (int r = 0; r < 2; ++r)
-                CUTE_UNROLL
-                for (int m = 0; m < kChunksPerThread; ++m) {
-                    kc[r][m] = load_chunk(kv_row[r] + 64 * m, false);
-                    qc[r][m] = load_chunk(q_row[r] + 64 * m, false);
-                }
-        }
+            for (int r = 0; r < 2; ++r) {
+                load_quad_share(kc[r], kv_row[r], tig, aligned);
+                load_quad_share(qc[r], q_row[r], tig, aligned);
+            }
+        };
+        if (p.rows_16b_aligned) load_rows(std::true_type{});
+        else load_rows(std::false_type{});
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             float exact_max = 0.f;
