@@ -152,10 +152,12 @@ __device__ void prefill(const SparseMlaParams& p) {
                 each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
                 if (tile > 0) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
             });
+            // (its slots' validity read before the landing tile is given back with it)
+            const uint32_t valid = slot_valid[buffer][wg];
             bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
             // online softmax, base 2, on this warpgroup's 32 slots
-            rows.softmax_half(s, slot_valid[buffer][wg], wg, tile, tig, scale.logit, p_shift, o, pr);
+            rows.softmax_half(s, valid, wg, tile, tig, scale.logit, p_shift, o, pr);
 
             bar_sync(kV16FullBar0 + wg, kPairThreads);  // its half of V converted
             pv_half(pr, v_b, wg, o);
