@@ -134,24 +134,28 @@ __device__ inline float p_shift_for(int64_t slots) {
     return SoftmaxRows::kSlack + static_cast<float>(bits > 7 ? bits - 7 : 0);
 }
 
-// Row r's 256 output columns of half n from a thread's words j = r mod 2 (columns 8 (j / 2) + 2 tig,
-// + 1), bf16_pair(j) giving the pair: with 16-byte rows a quad's words of four column groups are
-// transposed so that each thread stores 8 columns. Every lane of the warp must call it.
-template <class Pair>
-__device__ inline void store_row_half(uint16_t* out_row, int n, int r, int tig, bool aligned, bool real, Pair bf16_pair) {
-    uint16_t* out = out_row + 256 * n;
+// Row r's output columns of halves kFirst .. kLast - 1 (256 each) from a thread's words j = r mod 2
+// of each half n (columns 256 n + 8 (j / 2) + 2 tig, + 1), bf16_pair(n, j) giving the pair: with
+// 16-byte rows a quad's words of four column groups are transposed so that each thread stores 8
+// columns. Every lane of the warp must call it.
+template <int kFirst, int kLast, class Pair>
+__device__ inline void store_row(uint16_t* out, int r, int tig, bool aligned, bool real, Pair bf16_pair) {
     if (aligned) {
         CUTE_UNROLL
-        for (int j0 = 0; j0 < 64; j0 += 8) {
-            uint32_t w[4];
+        for (int n = kFirst; n < kLast; ++n)
             CUTE_UNROLL
-            for (int k = 0; k < 4; ++k) w[k] = bf16_pair(j0 + 2 * k + r);
-            quad_transpose(w, tig);
-            if (real) *reinterpret_cast<uint4*>(out + 4 * j0 + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+            for (int j0 = 0; j0 < 64; j0 += 8) {
+                uint32_t w[4];
+                CUTE_UNROLL
+                for (int k = 0; k < 4; ++k) w[k] = bf16_pair(n, j0 + 2 * k + r);
+                quad_transpose(w, tig);
+                if (real) *reinterpret_cast<uint4*>(out + 256 * n + 4 * j0 + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
     } else if (real) {
         CUTE_UNROLL
-        for (int j = r; j < 64; j += 2) *reinterpret_cast<uint32_t*>(out + 8 * (j / 2) + 2 * tig) = bf16_pair(j);
+        for (int n = kFirst; n < kLast; ++n)
+            CUTE_UNROLL
+            for (int j = r; j < 64; j += 2) *reinterpret_cast<uint32_t*>(out + 256 * n + 8 * (j / 2) + 2 * tig) = bf16_pair(n, j);
     }
 }
 

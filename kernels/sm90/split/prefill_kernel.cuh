@@ -231,7 +231,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 const float o_scale = best_max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
                 const float own_scale = own_weight[r] * o_scale, other_scale = other_weight[r] * o_scale;
                 uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
-                store_row_half(out, n, r, tig, p.out_rows_16b_aligned, real, [&](int j) {
+                store_row<n, n + 1>(out, r, tig, p.out_rows_16b_aligned, real, [&](int, int j) {
                     const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
                     const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&theirs[j]));
                     return bf16x2(x.x * own_scale + y.x * other_scale, x.y * own_scale + y.y * other_scale);

@@ -188,12 +188,10 @@ __device__ void prefill(const SparseMlaParams& p) {
             if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - rows.ref[r] - p_shift);
             const float o_scale = rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
             uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
-            CUTE_UNROLL
-            for (int n = 0; n < 2; ++n)
-                store_row_half(out, n, r, tig, p.out_rows_16b_aligned, real, [&](int j) {
-                    const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
-                    return bf16x2(x.x * o_scale, x.y * o_scale);
-                });
+            store_row<0, 2>(out, r, tig, p.out_rows_16b_aligned, real, [&](int n, int j) {
+                const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+                return bf16x2(x.x * o_scale, x.y * o_scale);
+            });
         }
         // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
         // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
