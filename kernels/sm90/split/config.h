@@ -27,11 +27,10 @@ struct RowStats {
 //     warpgroup h; at an item's end, the halves of O that the warpgroups hand each other;
 //   kLandingBuffers e4m3 kv tiles [slot][d_qk], K-major B of QK^T in 64-byte swizzle atoms;
 //   Q [head][d_qk] in e4m3, the A of QK^T in the same atoms, read by both consumer warpgroups;
-//   the validity of each landing tile's slots, a bit each; the row statistics of each warpgroup.
+//   the row statistics of each warpgroup. (Its consumers take slot validity from the indices.)
 constexpr int landing_smem_offset(int) { return kSlotsPerTile * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
-constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
-constexpr int stats_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + 16 * ((kLandingBuffers * kSlotsPerTile / 8 + 15) / 16); }
+constexpr int stats_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
 constexpr int smem_bytes(int d_qk) { return stats_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 16; }
 static_assert(sizeof(RowStats) == 16, "a row's statistics");
 

@@ -71,8 +71,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     uint8_t* v16 = smem + v16_smem_offset(D);
     auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
     uint8_t* q_tile = smem + q_smem_offset(D);
-    // the validity of a landing tile's slots, a bit each: one word per half tile
-    auto slot_valid = reinterpret_cast<uint32_t (*)[kConsumerWarpgroups]>(smem + valid_smem_offset(D));
     auto stats = reinterpret_cast<RowStats (*)[kHeadsPerCta]>(smem + stats_smem_offset(D));
 
     const int tid = threadIdx.x;
@@ -83,7 +81,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     if (tid >= kConsumerThreads) {
         produce<D, kLandingBuffers>(
-            p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
+            p, work, landing(0), v16, nullptr, kLandingEmptyBar0, kProducersBar,
             [](int buffer) {
                 for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
             },
@@ -146,18 +144,21 @@ __device__ void prefill(const SparseMlaParams& p) {
 
         for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
             const int buffer = cta_tile % kLandingBuffers;
+            // the validity of its half tile's slots, from the indices (lane j: slot 32 wg + j), loaded
+            // now and used after the QK^T (racecheck does not follow words handed over in shared
+            // memory through this kernel's barriers: PERF.md, v17)
+            const bool lane_valid =
+                work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
             bar_sync(kLandingFullBar0 + kConsumerWarpgroups * buffer + wg, kPairThreads);
             float s[kAcc] = {};
             qk_promoted<D>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
                 each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
                 if (tile > 0) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
             });
-            // (its slots' validity read before the landing tile is given back with it)
-            const uint32_t valid = slot_valid[buffer][wg];
             bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
             // online softmax, base 2, on this warpgroup's 32 slots
-            rows.softmax_half(s, valid, wg, tile, tig, scale.logit, p_shift, o, pr);
+            rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), wg, tile, tig, scale.logit, p_shift, o, pr);
 
             bar_sync(kV16FullBar0 + wg, kPairThreads);  // its half of V converted
             pv_half(pr, v_b, wg, o);
