@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "sm90/config.h"
+#include "sm90/split/config.h"
 #include "sm90/wide/config.h"
 
 namespace {
@@ -72,11 +73,22 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
                     const std::string& kernel_name) {
     namespace cfg = sparse_mla::sm90;
     DeviceScope scope(device);
-    // the wide kernel (128 heads per CTA) where it takes the call, else the 64-head one
-    const bool wide = cfg::wide::takes(p.h_q, p.topk);
-    cudaKernel_t kernel = get_kernel(fatbin, wide ? kernel_name + cfg::wide::kKernelSuffix : kernel_name);
+    // the wide kernel (128 heads per CTA) or the split one (64 heads, the slots split between the
+    // consumer warpgroups) where it takes the call, else the 64-head one
+    struct Choice {
+        std::string suffix;
+        int smem;
+        int64_t head_blocks;
+    };
     const int d_qk = static_cast<int>(p.d_qk);
-    const int smem = wide ? cfg::wide::smem_bytes(d_qk) : cfg::smem_bytes(d_qk);
+    const Choice choice =
+        cfg::wide::takes(p.h_q, p.topk)
+            ? Choice{cfg::wide::kKernelSuffix, cfg::wide::smem_bytes(d_qk), cfg::wide::head_blocks(p.h_q)}
+        : cfg::split::takes(p.h_q, p.topk)
+            ? Choice{cfg::split::kKernelSuffix, cfg::split::smem_bytes(d_qk), cfg::split::head_blocks(p.h_q)}
+            : Choice{"", cfg::smem_bytes(d_qk), cfg::head_blocks(p.h_q)};
+    cudaKernel_t kernel = get_kernel(fatbin, kernel_name + choice.suffix);
+    const int smem = choice.smem;
 
     // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
     // persistent grid (one CTA per SM, all the shared memory one CTA can have, each CTA taking work
@@ -91,7 +103,7 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
         configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
     }
     const int sms = configured->second;
-    const int64_t items = p.s_q * (wide ? cfg::wide::head_blocks(p.h_q) : cfg::head_blocks(p.h_q));
+    const int64_t items = p.s_q * choice.head_blocks;
     const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
     SparseMlaParams params = p;
     void* args[] = {&params};

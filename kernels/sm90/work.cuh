@@ -34,6 +34,10 @@ struct WorkItems {
     }
     __device__ static int tiles_of(int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); }
     __device__ bool in_range(int32_t j) const { return j >= 0 && j < p.s_kv; }
+    // whether slot `slot` of a token (its indices at idx_row, n_slots of them) names a kv row
+    __device__ bool valid_slot(const int32_t* idx_row, int64_t n_slots, int64_t slot) const {
+        return slot < n_slots && in_range(idx_row[slot]);
+    }
 };
 
 // The call's scales: q_scale and kv_scale (numbers, or device pointers read here: no host sync), and
@@ -62,9 +66,10 @@ __device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, 
 }
 
 // The producer warpgroup (it first gives its registers to the consumers): the CTA's tiles in order
-// across its items, each gathered (cp.async) into
-// one of kBuffers landing tiles, kBuffers - 1 tiles ahead of QK^T, with the validity of its slots in
-// slot_valid; then its V converted to fp16 into the one fp16 tile, a half tile (32 slots) at a time.
+// across its items, each gathered (cp.async) into one of kBuffers landing tiles, kBuffers - 1 tiles
+// ahead of QK^T, with the validity of its slots in slot_valid (unless that is null: the consumers
+// then take it from the indices); then its V converted to fp16 into the one fp16 tile, a half tile
+// (32 slots) at a time.
 // The consumers arrive on the named barrier landing_empty_bar0 + buffer once their QK^T has read a
 // landing tile; producers_bar is the producer's own. The rest is each kernel's: announce_landed(buffer)
 // tells the consumers that a tile landed, wait_v16_free(half) waits until their P.V has read that half
@@ -199,7 +204,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         cute::cp_async_wait<kBuffers - 2>();
         fence_for_tensor_cores();
         // warp w holds rows 8 w .. 8 w + 7, four lanes each: byte w of each half's word
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < 2 && slot_valid != nullptr; ++half) {
             uint32_t bits = __ballot_sync(0xffffffffu, (valid_bits >> (2 * buffer + half)) & 1) & 0x11111111u;
             bits = (bits | bits >> 3) & 0x03030303u;  // a row's bit every 4 lanes, gathered into a byte
             bits = (bits | bits >> 6) & 0x000f000fu;

@@ -34,18 +34,11 @@
 
 #include "params.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/f16_o.cuh"
 #include "sm90/work.cuh"
 #include "sm90/wide/config.h"
 
 namespace sparse_mla::sm90::wide {
-
-using MmaPV = cute::SM90::GMMA::MMA_64x256x16_F16F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
-
-// O += P V on 256 columns: P (A) from registers, V from shared memory, O in f16.
-template <size_t... I>
-__device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d)[64], std::index_sequence<I...>) {
-    MmaPV::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., cute::GMMA::ScaleOut::One);
-}
 
 // Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
 // arrives on "full" and waits on "empty", and the consumers, which do the opposite.
@@ -123,52 +116,14 @@ __device__ void prefill(const SparseMlaParams& p) {
         k_desc0[h] = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
             make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
             Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(h, 0)))(0, 0, 0));
-    // P.V's V descriptors: 256-column half n, k16 chunk k of the slots; a chunk moves the low word
-    auto thr_pv = make_tiled_mma(MmaPV{}).get_thread_slice(wg_tid);
-    Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename L::V{});
-    uint64_t v_desc[2];
-    uint32_t v_chunk = 0;
-    CUTE_UNROLL
-    for (int n = 0; n < 2; ++n) {
-        Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlotsPerTile>>{}, make_coord(n, 0)));
-        v_desc[n] = static_cast<uint64_t>(t(0, 0, 0));
-        v_chunk = static_cast<uint32_t>(static_cast<uint64_t>(t(0, 0, 1))) - static_cast<uint32_t>(v_desc[n]);
-    }
-    auto at_chunk = [&](uint64_t desc, int k) {
-        uint64_t d;
-        asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(static_cast<uint32_t>(desc) + k * v_chunk), "r"(static_cast<uint32_t>(desc >> 32)));
-        return d;
-    };
+    const PvOperandB v_b(v16, wg_tid, std::integral_constant<int, D>{});
 
-    // O of this warpgroup's 64 heads x 512 columns in f16, two 256-column halves; P scaled by 2^-c
-    // (c from topk) so that |O| <= topk x 2^kRescaleSlack x 2^-c x 448 stays below f16's 65504.
-    uint32_t o[2][64];
-    auto each_o = [&](auto f) {
-        CUTE_UNROLL
-        for (int n = 0; n < 2; ++n)
-            CUTE_UNROLL
-            for (int j = 0; j < 64; ++j) f(o[n][j]);
-    };
-    constexpr float kRescaleSlack = 4.f;
-    int topk_bits = 0;
-    while ((int64_t{1} << topk_bits) < p.topk) ++topk_bits;
-    const float p_shift = kRescaleSlack + static_cast<float>(topk_bits > 7 ? topk_bits - 7 : 0);
+    // O of this warpgroup's 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that
+    // O stays below f16's 65504.
+    F16O o;
+    const float p_shift = p_shift_for(p.topk);
     uint32_t pr[2][8];
-
-    float row_max[2] = {}, row_ref[2] = {}, row_sum[2] = {};
-    int max_tile[2] = {};
-    auto follow_max = [&]() {
-        const bool behind = row_max[0] > row_ref[0] + kRescaleSlack || row_max[1] > row_ref[1] + kRescaleSlack;
-        if (!__any_sync(0xffffffffu, behind)) return;
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            if (row_max[r] == -CUDART_INF_F) continue;
-            const float alpha = exp2f(row_ref[r] - row_max[r]);
-            row_ref[r] = row_max[r];
-            row_sum[r] *= alpha;
-            scale_f16_row(o, r, alpha);
-        }
-    };
+    SoftmaxRows rows;
 
     int cta_tile = 0;
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -181,8 +136,8 @@ __device__ void prefill(const SparseMlaParams& p) {
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
         bar_sync(kQBar0 + wg, kWarpgroupThreads);  // this warpgroup's Q landed
-        each_o([](uint32_t& x) { x = 0; });
-        for (int r = 0; r < 2; ++r) row_max[r] = row_ref[r] = -CUDART_INF_F, row_sum[r] = 0.f, max_tile[r] = 0;
+        each_word(o, [](uint32_t& x) { x = 0; });
+        rows.reset();
 
         for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
             const int buffer = cta_tile % kLandingBuffers;
@@ -192,53 +147,22 @@ __device__ void prefill(const SparseMlaParams& p) {
                 float s[kAcc] = {};
                 qk_promoted<D>(q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
                     // the previous half's P.V, issued last, is done now
-                    each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
+                    each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
                     // its half of the fp16 tile is free: half 0 (this tile's) under the second half's
                     // QK^T, half 1 (the previous tile's) under the next tile's first
                     if (h == 1 || tile > 0) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
                 });
                 if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
-                // online softmax, base 2, on this half's 32 slots: element i is slot 32 h + acc_col(i)
-                float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
-                {
-                    const uint32_t valid = slot_valid[buffer][h] >> (2 * tig);
-                    CUTE_UNROLL
-                    for (int i = 0; i < kAcc; ++i) {
-                        const int slot = kHalfSlots * h + acc_col(i, tig);
-                        s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * scale.logit, slot) : -CUDART_INF_F;
-                        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
-                    }
-                }
-                CUTE_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-                    if (new_max > row_max[r]) max_tile[r] = tile;
-                    row_max[r] = new_max;
-                }
-                follow_max();
-                const float shift[2] = {(row_ref[0] == -CUDART_INF_F ? 0.f : row_ref[0]) + p_shift,
-                                        (row_ref[1] == -CUDART_INF_F ? 0.f : row_ref[1]) + p_shift};
-                CUTE_UNROLL
-                for (int i = 0; i < kAcc; i += 2) {
-                    const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
-                    row_sum[acc_row(i)] += p0 + p1;
-                    pr[h][i / 2] = pack_half2(p0, p1);
-                }
+                // online softmax, base 2, on this half's 32 slots
+                rows.softmax_half(s, slot_valid[buffer][h], h, tile, tig, scale.logit, p_shift, o, pr[h]);
 
                 bar_sync(kV16FullBar0 + kConsumerWarpgroups * h + wg, kPairThreads);  // V of this half tile
-                each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
-                warpgroup_arrive();
-                CUTE_UNROLL
-                for (int c = 0; c < 2; ++c)
-                    CUTE_UNROLL
-                    for (int n = 0; n < 2; ++n)
-                        wgmma_pv(&pr[h][4 * c], at_chunk(v_desc[n], 2 * h + c), o[n], std::make_index_sequence<64>{});
-                warpgroup_commit_batch();
+                pv_half(pr[h], v_b, h, o);
             }
         }
         warpgroup_wait<0>();
-        each_o([](uint32_t& x) { warpgroup_fence_operand(x); });
+        each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
         if (more) load_q(item + gridDim.x);
 
@@ -249,10 +173,10 @@ __device__ void prefill(const SparseMlaParams& p) {
         int32_t j_max[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
-            sum[r] = quad_sum(row_sum[r]);  // in units of 2^-p_shift
+            sum[r] = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
             j_max[r] = -1;
-            if (head0 + row0 + 8 * r < p.h_q && row_max[r] != -CUDART_INF_F) {
-                const int64_t slot = static_cast<int64_t>(max_tile[r]) * kSlotsPerTile + (__float_as_uint(row_max[r]) & kSlotBits);
+            if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F) {
+                const int64_t slot = static_cast<int64_t>(rows.max_tile[r]) * kSlotsPerTile + (__float_as_uint(rows.max[r]) & kSlotBits);
                 j_max[r] = slot < n_slots ? idx_row[slot] : -1;
             }
         }
@@ -261,33 +185,13 @@ __device__ void prefill(const SparseMlaParams& p) {
             const int64_t h = head0 + row0 + 8 * r;
             const bool real = h < p.h_q;
             float denom = sum[r];
-            if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - row_ref[r] - p_shift);
-            const float o_scale = row_max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
+            if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - rows.ref[r] - p_shift);
+            const float o_scale = rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
             uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
-            auto bf16_pair = [&](const uint32_t& f16_pair) {  // columns 8 (j / 2) + 2 tig, + 1 of o[n][j]
-                const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&f16_pair));
-                const __nv_bfloat162 b = __floats2bfloat162_rn(x.x * o_scale, x.y * o_scale);
-                return *reinterpret_cast<const uint32_t*>(&b);
-            };
-            if (p.out_rows_16b_aligned) {
-                // a quad's words of four column groups, transposed: each thread stores 8 columns
-                CUTE_UNROLL
-                for (int n = 0; n < 2; ++n)
-                    CUTE_UNROLL
-                    for (int j0 = 0; j0 < 64; j0 += 8) {
-                        uint32_t w[4];
-                        CUTE_UNROLL
-                        for (int k = 0; k < 4; ++k) w[k] = bf16_pair(o[n][j0 + 2 * k + r]);
-                        quad_transpose(w, tig);
-                        if (real) *reinterpret_cast<uint4*>(out + 256 * n + 4 * j0 + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
-                    }
-            } else if (real) {
-                CUTE_UNROLL
-                for (int n = 0; n < 2; ++n)
-                    CUTE_UNROLL
-                    for (int j = r; j < 64; j += 2)
-                        *reinterpret_cast<uint32_t*>(out + 256 * n + 8 * (j / 2) + 2 * tig) = bf16_pair(o[n][j]);
-            }
+            store_row<0, 2>(out, r, tig, p.out_rows_16b_aligned, real, [&](int n, int j) {
+                const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+                return bf16x2(x.x * o_scale, x.y * o_scale);
+            });
         }
         // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
         // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
@@ -323,10 +227,10 @@ __device__ void prefill(const SparseMlaParams& p) {
             }
             exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
             const int64_t h = head0 + row0 + 8 * r;
-            const bool empty = row_max[r] == -CUDART_INF_F;
+            const bool empty = rows.max[r] == -CUDART_INF_F;
             if (h < p.h_q && tig == 0) {
-                const float ref = row_ref[r] + p_shift;
-                const float exact_sum = sum[r] - exp2f(row_max[r] - ref) + exp2f(exact_max * kLog2e - ref);
+                const float ref = rows.ref[r] + p_shift;
+                const float exact_sum = sum[r] - exp2f(rows.max[r] - ref) + exp2f(exact_max * kLog2e - ref);
                 p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
                 p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref + log2f(exact_sum)) * kLn2;
             }

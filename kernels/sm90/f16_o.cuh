@@ -1,0 +1,167 @@
+// What the consumer warpgroups of the wide and split kernels share: an O of 64 heads x 512 columns in
+// f16 registers (two 256-column wgmma accumulators of f16 pairs), fed by P.V with P from registers,
+// and the online softmax of a half tile (32 slots) that makes that P.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include <utility>
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "sm90/config.h"
+#include "sm90/device_helpers.cuh"
+
+namespace sparse_mla::sm90 {
+
+using F16O = uint32_t[2][64];
+
+template <class F>
+__device__ inline void each_word(F16O& o, F f) {
+    CUTE_UNROLL
+    for (int n = 0; n < 2; ++n)
+        CUTE_UNROLL
+        for (int j = 0; j < 64; ++j) f(o[n][j]);
+}
+
+using MmaPvF16 = cute::SM90::GMMA::MMA_64x256x16_F16F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+
+// O += P V on 256 columns: P (A) from registers, V from shared memory, O in f16.
+template <size_t... I>
+__device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d)[64], std::index_sequence<I...>) {
+    MmaPvF16::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., cute::GMMA::ScaleOut::One);
+}
+
+// P.V's B, the fp16 tile's V: a descriptor per 256-column half; a k16 chunk of the slots moves its
+// low word by `chunk`.
+struct PvOperandB {
+    uint64_t desc[2];
+    uint32_t chunk;
+    template <int D>
+    __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>) {
+        using namespace cute;
+        auto thr_pv = make_tiled_mma(MmaPvF16{}).get_thread_slice(wg_tid);
+        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename SmemLayouts<D>::V{});
+        CUTE_UNROLL
+        for (int n = 0; n < 2; ++n) {
+            Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlotsPerTile>>{}, make_coord(n, 0)));
+            desc[n] = static_cast<uint64_t>(t(0, 0, 0));
+            chunk = static_cast<uint32_t>(static_cast<uint64_t>(t(0, 0, 1))) - static_cast<uint32_t>(desc[n]);
+        }
+    }
+    __device__ uint64_t at(int n, int k) const {
+        uint64_t d;
+        asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(static_cast<uint32_t>(desc[n]) + k * chunk), "r"(static_cast<uint32_t>(desc[n] >> 32)));
+        return d;
+    }
+};
+
+// O += P V over half tile h (slots 32 h .. 32 h + 31, two k16 chunks), issued without waiting.
+__device__ inline void pv_half(const uint32_t (&pr)[8], const PvOperandB& v, int h, F16O& o) {
+    each_word(o, [](uint32_t& x) { cute::warpgroup_fence_operand(x); });
+    cute::warpgroup_arrive();
+    CUTE_UNROLL
+    for (int c = 0; c < 2; ++c)
+        CUTE_UNROLL
+        for (int n = 0; n < 2; ++n) wgmma_pv(&pr[4 * c], v.at(n, 2 * h + c), o[n], std::make_index_sequence<64>{});
+    cute::warpgroup_commit_batch();
+}
+
+// The online softmax's state of a thread's two rows: running max (base-2 logits, slot in the low
+// bits), the reference that O and the sums are relative to, the row sums, the tile of the max.
+struct SoftmaxRows {
+    // The reference follows the running max lazily: O and the sums are rescaled only when some row
+    // of the warp has a max more than kSlack above its reference, so P stays below 2^kSlack.
+    static constexpr float kSlack = 4.f;
+    float max[2], ref[2], sum[2];
+    int max_tile[2];
+
+    __device__ void reset() {
+        for (int r = 0; r < 2; ++r) max[r] = ref[r] = -CUDART_INF_F, sum[r] = 0.f, max_tile[r] = 0;
+    }
+    __device__ void follow_max(F16O& o) {
+        const bool behind = max[0] > ref[0] + kSlack || max[1] > ref[1] + kSlack;
+        if (!__any_sync(0xffffffffu, behind)) return;
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            if (max[r] == -CUDART_INF_F) continue;
+            const float alpha = exp2f(ref[r] - max[r]);
+            ref[r] = max[r];
+            sum[r] *= alpha;
+            scale_f16_row(o, r, alpha);
+        }
+    }
+    // S of half tile h of tile `tile` (element i is slot 32 h + acc_col(i); `valid` the half's
+    // validity word) into P in fp16 pairs, scaled by 2^-p_shift.
+    template <int kAcc>
+    __device__ void softmax_half(float (&s)[kAcc], uint32_t valid, int h, int tile, int tig, float logit_scale,
+                                 float p_shift, F16O& o, uint32_t (&pr)[kAcc / 2]) {
+        float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+        valid >>= 2 * tig;
+        CUTE_UNROLL
+        for (int i = 0; i < kAcc; ++i) {
+            const int slot = kSlotsPerTile / 2 * h + acc_col(i, tig);
+            s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+            tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
+        }
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float new_max = fmaxf(max[r], quad_max(tile_max[r]));
+            if (new_max > max[r]) max_tile[r] = tile;
+            max[r] = new_max;
+        }
+        follow_max(o);
+        const float shift[2] = {(ref[0] == -CUDART_INF_F ? 0.f : ref[0]) + p_shift,
+                                (ref[1] == -CUDART_INF_F ? 0.f : ref[1]) + p_shift};
+        CUTE_UNROLL
+        for (int i = 0; i < kAcc; i += 2) {
+            const float p0 = exp2f(s[i] - shift[acc_row(i)]), p1 = exp2f(s[i + 1] - shift[acc_row(i)]);
+            sum[acc_row(i)] += p0 + p1;
+            pr[i / 2] = pack_half2(p0, p1);
+        }
+    }
+};
+
+// P's scale 2^-p_shift for a warpgroup that sums up to `slots` slots: |O| <= slots x 2^kSlack x
+// 2^-p_shift x 448 stays below f16's 65504.
+__device__ inline float p_shift_for(int64_t slots) {
+    int bits = 0;
+    while ((int64_t{1} << bits) < slots) ++bits;
+    return SoftmaxRows::kSlack + static_cast<float>(bits > 7 ? bits - 7 : 0);
+}
+
+// Row r's output columns of halves kFirst .. kLast - 1 (256 each) from a thread's words j = r mod 2
+// of each half n (columns 256 n + 8 (j / 2) + 2 tig, + 1), bf16_pair(n, j) giving the pair: with
+// 16-byte rows a quad's words of four column groups are transposed so that each thread stores 8
+// columns. Every lane of the warp must call it.
+template <int kFirst, int kLast, class Pair>
+__device__ inline void store_row(uint16_t* out, int r, int tig, bool aligned, bool real, Pair bf16_pair) {
+    if (aligned) {
+        CUTE_UNROLL
+        for (int n = kFirst; n < kLast; ++n)
+            CUTE_UNROLL
+            for (int j0 = 0; j0 < 64; j0 += 8) {
+                uint32_t w[4];
+                CUTE_UNROLL
+                for (int k = 0; k < 4; ++k) w[k] = bf16_pair(n, j0 + 2 * k + r);
+                quad_transpose(w, tig);
+                if (real) *reinterpret_cast<uint4*>(out + 256 * n + 4 * j0 + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+    } else if (real) {
+        CUTE_UNROLL
+        for (int n = kFirst; n < kLast; ++n)
+            CUTE_UNROLL
+            for (int j = r; j < 64; j += 2) *reinterpret_cast<uint32_t*>(out + 256 * n + 8 * (j / 2) + 2 * tig) = bf16_pair(n, j);
+    }
+}
+
+__device__ inline uint32_t bf16x2(float lo, float hi) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+}  // namespace sparse_mla::sm90

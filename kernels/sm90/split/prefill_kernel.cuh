@@ -1,0 +1,272 @@
+// The SM90 FP8 sparse MLA prefill kernel for calls with one block of 64 heads: one CTA per query
+// token, the two consumer warpgroups on the same 64 heads, each on one half of every tile's slots.
+//
+// A producer warpgroup and two consumer warpgroups, meeting on named barriers. Per tile of 64 topk
+// slots:
+//   1. the producer gathers the e4m3 kv rows (cp.async) into a landing tile, two tiles ahead; invalid
+//      slots become zero rows with a -inf logit;
+//   2. consumer warpgroup h computes S = Q K^T of half tile h (m64n32k32) by FP8 wgmma straight from
+//      the landing tile, promoted per K step (PERF.md);
+//   3. meanwhile the producer converts V of half tile h (the first 512 columns) to fp16 into the
+//      half of a 128-byte-swizzled [slot][column] tile that warpgroup h's P.V reads MN-major (no
+//      transpose), announced to that warpgroup alone; the half is free again once both warpgroups
+//      have passed their P.V of the tile (one empty barrier per half, counting both, so that the
+//      end of an item's merge orders the producer directly);
+//   4. online softmax in base 2 on its 32 slots, its own running max; the slot of each logit rides in
+//      its 6 lowest mantissa bits, so the running maximum names its slot. P (fp16, scaled by
+//      2^-p_shift) stays in registers as the A of P.V, and O accumulates in f16 registers over all 512
+//      columns (wgmma's f16 accumulator rounds to nearest: out within ~2.3e-3 up to wide::kMaxTopk
+//      slots per warpgroup);
+//   5. at the end the warpgroups merge: each hands the other its row statistics and, through the
+//      fp16 tile, the half of O that the other writes out (so the last P.V's halves are freed only
+//      after the merge, and an item without tiles hands nothing); the row's max slot is recomputed
+//      exactly (fp32 sums of the e4m3 products) and its exact term replaces its own in the sum
+//      behind lse.
+// The warpgroups never wait for each other inside an item, so one's softmax runs under the other's
+// wgmmas. The grid is persistent (one CTA per SM, items taken in turn).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <type_traits>
+#include <utility>
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "params.h"
+#include "sm90/device_helpers.cuh"
+#include "sm90/f16_o.cuh"
+#include "sm90/split/config.h"
+#include "sm90/work.cuh"
+
+namespace sparse_mla::sm90::split {
+
+// Named barriers (0 is __syncthreads). A full/empty pair orders a landing buffer between the
+// producer, which arrives on "full" and waits on "empty", and the consumers, which do the opposite.
+enum Barrier : int {
+    kConsumersBar = 1,
+    kLandingFullBar0,  // + 2 landing buffer + consumer warpgroup: each warpgroup waits for its own
+    kLandingEmptyBar0 = kLandingFullBar0 + kLandingBuffers * kConsumerWarpgroups,  // + landing buffer
+    kV16FullBar0 = kLandingEmptyBar0 + kLandingBuffers,  // + half tile = consumer warpgroup
+    kV16EmptyBar0 = kV16FullBar0 + kConsumerWarpgroups,
+    kProducersBar = kV16EmptyBar0 + kConsumerWarpgroups,
+};
+static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
+constexpr int kPairThreads = kProducerThreads + kWarpgroupThreads;  // the producer and one consumer warpgroup
+
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) {
+    using namespace cute;
+    using L = SmemLayouts<D>;
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
+    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    constexpr int kHalfSlots = kSlotsPerTile / 2;
+    constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
+    static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
+
+    extern __shared__ __align__(1024) uint8_t smem[];
+    uint8_t* v16 = smem + v16_smem_offset(D);
+    auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
+    uint8_t* q_tile = smem + q_smem_offset(D);
+    auto stats = reinterpret_cast<RowStats (*)[kHeadsPerCta]>(smem + stats_smem_offset(D));
+
+    const int tid = threadIdx.x;
+    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const int64_t n_items = work.n_items;
+
+    const Scales scale(p);
+
+    if (tid >= kConsumerThreads) {
+        produce<D, kLandingBuffers>(
+            p, work, landing(0), v16, nullptr, kLandingEmptyBar0, kProducersBar,
+            [](int buffer) {
+                for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
+            },
+            [](int half) { bar_sync(kV16EmptyBar0 + half, kThreads); },
+            [](int half) { bar_arrive(kV16FullBar0 + half, kPairThreads); });
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
+    const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
+    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+
+    // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item
+    // once both warpgroups' last QK^T is done, so that the merge hides it.
+    auto load_q = [&](int64_t item) {
+        const auto [t, head0] = work.at(item);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+    };
+    if (blockIdx.x < n_items) load_q(blockIdx.x);
+
+    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
+    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    // this warpgroup's half tile of landing buffer 0
+    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
+        Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
+    const PvOperandB v_b(v16, wg_tid, std::integral_constant<int, D>{});
+
+    // O of the 64 heads x 512 columns over this warpgroup's slots, in f16; P scaled by 2^-p_shift
+    // (from the slots a warpgroup sums) so that O stays below f16's 65504.
+    F16O o;
+    const float p_shift = p_shift_for(kHalfSlots * ((p.topk + kSlotsPerTile - 1) / kSlotsPerTile));
+    uint32_t pr[8];
+    SoftmaxRows rows;
+
+    int cta_tile = 0;
+    bool pending_empty = false;
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const WorkItems::Item at = work.at(item);  // (not a structured binding: merge captures it)
+        const int64_t t = at.token, head0 = at.head0;
+        const int64_t n_slots = work.slots_of(t);
+        const int n_tiles = work.tiles_of(n_slots);
+        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const bool more = item + gridDim.x < n_items;
+        cute::cp_async_wait<0>();
+        fence_for_tensor_cores();
+        // Q landed; the previous item's merge has read the fp16 tile and the statistics
+        bar_sync(kConsumersBar, kConsumerThreads);
+        // the previous P.V's half of the fp16 tile is free only now, after that item's merge; an item
+        // without tiles has a merge too, and defers it further
+        if (pending_empty && n_tiles > 0) {
+            for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+            pending_empty = false;
+        }
+        each_word(o, [](uint32_t& x) { x = 0; });
+        rows.reset();
+
+        for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
+            const int buffer = cta_tile % kLandingBuffers;
+            // the validity of its half tile's slots, from the indices (lane j: slot 32 wg + j), loaded
+            // now and used after the QK^T (racecheck does not follow words handed over in shared
+            // memory through this kernel's barriers: PERF.md, v17)
+            const bool lane_valid =
+                work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
+            bar_sync(kLandingFullBar0 + kConsumerWarpgroups * buffer + wg, kPairThreads);
+            float s[kAcc] = {};
+            qk_promoted<D>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
+                each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+                if (tile > 0) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+            });
+            bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+
+            // online softmax, base 2, on this warpgroup's 32 slots
+            rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), wg, tile, tig, scale.logit, p_shift, o, pr);
+
+            bar_sync(kV16FullBar0 + wg, kPairThreads);  // its half of V converted
+            pv_half(pr, v_b, wg, o);
+        }
+        warpgroup_wait<0>();
+        each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+        pending_empty = pending_empty || n_tiles > 0;
+
+        // The merge. Each warpgroup posts its rows' statistics over its slots; both then take the
+        // same combined reference, sum and max slot for every row, bit for bit (fmaxf and + are
+        // symmetric).
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float sum = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
+            if (tig == 0) stats[wg][row0 + 8 * r] = RowStats{rows.max[r], rows.ref[r], sum, rows.max_tile[r]};
+        }
+        bar_sync(kConsumersBar, kConsumerThreads);  // statistics posted; both warpgroups' QK^T and P.V done
+        if (more) load_q(item + gridDim.x);
+        float ref[2], own_weight[2], other_weight[2], total[2], best_max[2];
+        int best_tile[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const RowStats own = stats[wg][row0 + 8 * r], other = stats[wg ^ 1][row0 + 8 * r];
+            ref[r] = fmaxf(own.ref, other.ref);  // -inf when neither warpgroup has a valid slot
+            own_weight[r] = own.ref == -CUDART_INF_F ? 0.f : exp2f(own.ref - ref[r]);
+            other_weight[r] = other.ref == -CUDART_INF_F ? 0.f : exp2f(other.ref - ref[r]);
+            total[r] = own_weight[r] * own.sum + other_weight[r] * other.sum;
+            const bool own_best = own.max > other.max;
+            best_max[r] = own_best ? own.max : other.max;
+            best_tile[r] = own_best ? own.tile : other.tile;
+        }
+        // max_logits and lse: warpgroup wg takes row row0 + 8 wg. The index of its max slot loads now,
+        // under the output stores.
+        const int64_t h_own = head0 + row0 + 8 * wg;
+        // (selects: a register array indexed at run time would go to memory)
+        const float max_own = wg ? best_max[1] : best_max[0];
+        const bool own_empty = max_own == -CUDART_INF_F;
+        int32_t j_max = -1;
+        if (h_own < p.h_q && !own_empty) {
+            const int64_t slot = static_cast<int64_t>(wg ? best_tile[1] : best_tile[0]) * kSlotsPerTile + (__float_as_uint(max_own) & kSlotBits);
+            j_max = slot < n_slots ? idx_row[slot] : -1;
+        }
+
+        // O: warpgroup wg writes out columns 256 wg .. 256 wg + 255 and hands the other half of its
+        // O to the other warpgroup, through the fp16 tile in this thread's order (16-byte words,
+        // consecutive threads consecutive words: no bank conflicts). Its half is a compile-time
+        // index (a run-time one would put O in memory).
+        uint4* handed = reinterpret_cast<uint4*>(v16);
+        constexpr int kWords = 64 / 4;  // 16-byte words of one 256-column half of a thread's O
+        auto merge = [&](auto half) {
+            constexpr int n = decltype(half)::value;
+            // (not for an item without tiles: its O is zero, and the producer may be converting the
+            // next item's first tile into the fp16 tile already)
+            CUTE_UNROLL
+            for (int k = 0; k < kWords; ++k)
+                if (n_tiles > 0) handed[((n ^ 1) * kWords + k) * kWarpgroupThreads + wg_tid] =
+                    make_uint4(o[n ^ 1][4 * k], o[n ^ 1][4 * k + 1], o[n ^ 1][4 * k + 2], o[n ^ 1][4 * k + 3]);
+            bar_sync(kConsumersBar, kConsumerThreads);  // the halves handed over
+            uint32_t theirs[64];
+            CUTE_UNROLL
+            for (int k = 0; k < kWords; ++k) {
+                const uint4 w = n_tiles > 0 ? handed[(n * kWords + k) * kWarpgroupThreads + wg_tid] : make_uint4(0, 0, 0, 0);
+                theirs[4 * k] = w.x, theirs[4 * k + 1] = w.y, theirs[4 * k + 2] = w.z, theirs[4 * k + 3] = w.w;
+            }
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const int64_t h = head0 + row0 + 8 * r;
+                const bool real = h < p.h_q;
+                float denom = total[r];
+                if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - ref[r] - p_shift);
+                const float o_scale = best_max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
+                const float own_scale = own_weight[r] * o_scale, other_scale = other_weight[r] * o_scale;
+                uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
+                store_row<n, n + 1>(out, r, tig, p.out_rows_16b_aligned, real, [&](int, int j) {
+                    const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+                    const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&theirs[j]));
+                    return bf16x2(x.x * own_scale + y.x * other_scale, x.y * own_scale + y.y * other_scale);
+                });
+            }
+        };
+        if (wg == 0) merge(std::integral_constant<int, 0>{});
+        else merge(std::integral_constant<int, 1>{});
+
+        // The exact logit of the max slot: its product with Q (from global memory: the Q tile may
+        // hold the next item's) in fp32, the quad splitting d_qk.
+        float exact_max = 0.f;
+        if (work.in_range(j_max)) {
+            const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
+            const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
+            constexpr int kChunksPerThread = kChunks / 4;
+            uint4 k[kChunksPerThread], qc[kChunksPerThread];
+            load_quad_share(k, kv, tig, p.rows_16b_aligned);
+            load_quad_share(qc, q, tig, p.rows_16b_aligned);
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
+        }
+        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
+        if (h_own < p.h_q && tig == 0) {
+            // The exact term of the max slot replaces its tensor-core one in the sum, which leaves lse
+            // only the other slots' (smaller, averaging) errors.
+            const float ref_own = (wg ? ref[1] : ref[0]) + p_shift;
+            const float exact_sum = (wg ? total[1] : total[0]) - exp2f(max_own - ref_own) + exp2f(exact_max * kLog2e - ref_own);
+            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = own_empty ? -CUDART_INF_F : exact_max;
+            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = own_empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
+        }
+    }
+    bar_sync(kConsumersBar, kConsumerThreads);
+    if (pending_empty) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+}
+
+}  // namespace sparse_mla::sm90::split
