@@ -41,14 +41,17 @@ __device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d
 struct PvOperandB {
     uint64_t desc[2];
     uint32_t chunk;
-    template <int D>
-    __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>) {
+    // (kSlots: the fp16 tile's slots, kSlotsPerTile or a 32-slot tile's; its layout is SmemLayouts' V)
+    template <int D, int kSlots = kSlotsPerTile>
+    __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>,
+                          std::integral_constant<int, kSlots> = {}) {
         using namespace cute;
+        using V = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<half_t>{}, Shape<Int<kDv>, Int<kSlots>>{}, Step<_2, _1>{}));
         auto thr_pv = make_tiled_mma(MmaPvF16{}).get_thread_slice(wg_tid);
-        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename SmemLayouts<D>::V{});
+        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), V{});
         CUTE_UNROLL
         for (int n = 0; n < 2; ++n) {
-            Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlotsPerTile>>{}, make_coord(n, 0)));
+            Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlots>>{}, make_coord(n, 0)));
             desc[n] = static_cast<uint64_t>(t(0, 0, 0));
             chunk = static_cast<uint32_t>(static_cast<uint64_t>(t(0, 0, 1))) - static_cast<uint32_t>(desc[n]);
         }

@@ -1,0 +1,333 @@
+// The SM90 FP8 sparse MLA prefill kernel for one block of 64 heads at small topk: two CTAs per SM,
+// each one query token x 64 heads, one template for every QK head dim.
+//
+// At small topk the 64-head kernel's per-item epilogue (output stores, the exact max) runs under no
+// wgmma and bounds it (PERF.md). Here each CTA has one consumer warpgroup, which owns the 64 heads
+// and all of d_v (O in f16 registers, as in the wide kernel), and one producer warpgroup; with two
+// CTAs per SM one CTA's wgmmas run while the other's epilogue does. What two CTAs leave each one
+// (~113 KB of shared memory, 256 registers per thread pair) sets the unit of the pipeline: a half
+// tile of 32 slots. Per half tile:
+//   1. the producer gathers the e4m3 kv rows (cp.async) into a ring of landing half tiles, two ahead
+//      (one at d_qk 576); invalid slots become zero rows with a -inf logit;
+//   2. the consumer computes S = Q K^T by FP8 wgmma (m64n32k32), promoted per K step (PERF.md);
+//   3. meanwhile the producer converts V to fp16 into the one fp16 half tile, once P.V of the one
+//      before has read it;
+//   4. online softmax in base 2 (validity from the indices), P (fp16) in registers as the A of P.V,
+//      O += P V in f16;
+//   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly.
+// The grid is persistent (kCtasPerSm CTAs per SM, items taken in turn).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <utility>
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "params.h"
+#include "sm90/device_helpers.cuh"
+#include "sm90/dual/config.h"
+#include "sm90/f16_o.cuh"
+#include "sm90/work.cuh"
+
+namespace sparse_mla::sm90::dual {
+
+// Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
+// arrives on "full" and waits on "empty", and the consumer, which does the opposite.
+enum Barrier : int {
+    kLandingFullBar0 = 1,                            // + landing buffer
+    kLandingEmptyBar0 = kLandingFullBar0 + 3,        // + landing buffer
+    kV16FullBar = kLandingEmptyBar0 + 3,
+    kV16EmptyBar,
+    kQBar,  // the consumer's own: Q landed
+};
+static_assert(kQBar < 16, "sm_90 has 16 named barriers");
+
+// The 32-slot e4m3 tiles of the landing ring, the B of QK^T.
+template <int D>
+using HalfTile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
+                                              cute::Shape<cute::Int<kHalfSlots>, cute::Int<D>>{}));
+
+// The producer warpgroup: the CTA's half tiles in order across its items, each gathered into the
+// ring two ahead of QK^T, then its V converted into the fp16 half tile. A thread owns one row of a
+// half tile and in it the 16-byte chunks part + 4 m: one swizzle atom column apart in both tiles.
+template <int D>
+__device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    constexpr int kBuffers = landing_buffers(D);
+    constexpr int kChunksPerThread = D / 16 / 4;
+    constexpr int kLandingAtomColumnBytes = kHalfSlots * 64;
+    constexpr int kV16AtomColumnBytes = kHalfSlots * 128;
+    static_assert(kProducerThreads == 4 * kHalfSlots, "four threads per row");
+    const int ptid = threadIdx.x - kConsumerThreads, row = ptid / 4, part = ptid % 4;
+    uint8_t* landing0 = smem + landing_smem_offset(D);
+    uint8_t* v16 = smem;
+    const uint32_t row_chunk = sw64_chunk(row, part, kHalfSlots);
+    const uint32_t landing0_shared = static_cast<uint32_t>(__cvta_generic_to_shared(landing0)) + row_chunk;
+
+    struct Cursor {
+        int64_t item, n_slots;
+        const int32_t* idx_row;
+        int half, n_halves;
+    } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
+    auto open_item = [&]() {  // from next.item on, the first item with tiles
+        for (; next.item < work.n_items; next.item += gridDim.x) {
+            const int64_t t = work.at(next.item).token;
+            next.n_slots = work.slots_of(t);
+            next.n_halves = 2 * work.tiles_of(next.n_slots);
+            next.idx_row = p.indices + t * p.indices_stride_s;
+            next.half = 0;
+            if (next.n_halves > 0) return;
+        }
+    };
+    // the index of this thread's row in the cursor's half tile (-1 past n_slots), loaded a gather
+    // ahead to hide its latency
+    auto half_index = [&]() -> int32_t {
+        if (next.item >= work.n_items) return -1;
+        const int64_t slot = static_cast<int64_t>(next.half) * kHalfSlots + row;
+        return slot < next.n_slots ? next.idx_row[slot] : -1;
+    };
+    auto gather = [&](int buffer, int32_t j) {
+        const bool valid = work.in_range(j);
+        // an invalid row is zero-filled: cp.async then reads nothing at src
+        const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
+        if (p.rows_16b_aligned) {
+            const uint32_t dst = landing0_shared + buffer * half_tile_bytes(D);
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
+        } else {
+            uint8_t* dst = landing0 + buffer * half_tile_bytes(D) + row_chunk;
+            for (int m = 0; m < kChunksPerThread; ++m) copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
+        }
+        cute::cp_async_fence();
+    };
+    // V of the row's chunks in fp16: columns 16 part + 64 m .. + 15, two 16-byte pieces per chunk
+    const uint32_t v16_lo = sw128_byte(row, 16 * part), v16_hi = sw128_byte(row, 16 * part + 8);
+    auto convert_v = [&](int buffer) {
+        const uint8_t* src = landing0 + buffer * half_tile_bytes(D) + row_chunk;
+        constexpr int kGroup = 2, kChunksOfV = kDv / 16 / 4;
+#pragma unroll
+        for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
+            uint4 e4m3[kGroup];
+#pragma unroll
+            for (int m = 0; m < kGroup; ++m) e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
+#pragma unroll
+            for (int m = 0; m < kGroup; ++m) {
+                const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
+                uint32_t h[8];
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
+                    h[i] = two.x;
+                    h[i + 1] = two.y;
+                }
+                *reinterpret_cast<uint4*>(v16 + v16_lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
+                *reinterpret_cast<uint4*>(v16 + v16_hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
+            }
+        }
+    };
+
+    // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
+    // tile (empty past the last), so that a fixed wait count finds half tile c landed; each thread
+    // converts only the chunks it gathered. Every arrival of the consumer is waited for exactly once.
+    open_item();
+    int32_t next_j = half_index();
+    int n_gathered = 0;
+    auto gather_next = [&]() {
+        if (next.item >= work.n_items) {
+            cute::cp_async_fence();
+            return;
+        }
+        const int32_t j = next_j;
+        if (++next.half == next.n_halves) {
+            next.item += gridDim.x;
+            open_item();
+        }
+        next_j = half_index();
+        gather(n_gathered++ % kBuffers, j);
+    };
+    for (int i = 0; i < kBuffers - 1; ++i) gather_next();
+    for (int c = 0; c < n_gathered; ++c) {
+        const int buffer = c % kBuffers;
+        cute::cp_async_wait<kBuffers - 2>();
+        fence_for_tensor_cores();
+        bar_arrive(kLandingFullBar0 + buffer, kThreads);
+        if (c >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of c - 1 has read the fp16 half tile
+        convert_v(buffer);
+        fence_for_tensor_cores();
+        bar_arrive(kV16FullBar, kThreads);
+        if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, kThreads);  // QK^T of c - 1 done
+        gather_next();
+    }
+    if (n_gathered >= 1) {
+        bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, kThreads);
+        bar_sync(kV16EmptyBar, kThreads);
+    }
+}
+
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) {
+    using namespace cute;
+    using L = SmemLayouts<D>;
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
+    static_assert(landing_buffers(D) <= 3, "the barriers above");
+    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
+
+    extern __shared__ __align__(1024) uint8_t smem[];
+    uint8_t* v16 = smem;
+    uint8_t* landing0 = smem + landing_smem_offset(D);
+    uint8_t* q_tile = smem + q_smem_offset(D);
+
+    const int tid = threadIdx.x;
+    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const int64_t n_items = work.n_items;
+    const Scales scale(p);
+
+    if (tid >= kConsumerThreads) {
+        produce<D>(p, work, smem);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int row0 = 16 * (tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+
+    // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
+    // once this one's last QK^T is done, so that the epilogue hides it
+    auto load_q = [&](int64_t item) {
+        const auto [t, head0] = work.at(item);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+    };
+    if (blockIdx.x < n_items) load_q(blockIdx.x);
+
+    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(tid);
+    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing0)), HalfTile<D>{}))(0, 0, 0));
+    const PvOperandB v_b(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});
+
+    // O of the 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that O stays
+    // below f16's 65504.
+    F16O o;
+    const float p_shift = p_shift_for(p.topk);
+    uint32_t pr[2][8];  // P of the half tile before (its P.V may still read it) and this one
+    SoftmaxRows rows;
+
+    int cta_half = 0;  // this CTA's half tiles so far, across items: names the landing buffer
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const auto [t, head0] = work.at(item);
+        const int64_t n_slots = work.slots_of(t);
+        const int n_tiles = work.tiles_of(n_slots);
+        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const bool more = item + gridDim.x < n_items;
+        cute::cp_async_wait<0>();
+        fence_for_tensor_cores();
+        bar_sync(kQBar, kConsumerThreads);  // Q landed
+        each_word(o, [](uint32_t& x) { x = 0; });
+        rows.reset();
+
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h, ++cta_half) {
+                const int buffer = cta_half % landing_buffers(D);
+                // the validity of the half tile's slots, from the indices (lane j: slot 32 h + j)
+                const bool lane_valid = work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * h + lane);
+                bar_sync(kLandingFullBar0 + buffer, kThreads);
+                float s[kAcc] = {};
+                qk_promoted<D, kHalfSlots>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * half_tile_bytes(D) / 16), s, [&] {
+                    // the previous half tile's P.V, issued last, is done now: the fp16 half tile is free
+                    each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+                    if (tile > 0 || h > 0) bar_arrive(kV16EmptyBar, kThreads);
+                });
+                bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+
+                // online softmax, base 2, on the half tile's 32 slots
+                rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), h, tile, tig, scale.logit, p_shift, o, pr[h]);
+
+                bar_sync(kV16FullBar, kThreads);  // V of this half tile
+                pv_half(pr[h], v_b, 0, o);
+            }
+        }
+        warpgroup_wait<0>();
+        each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        if (more) load_q(item + gridDim.x);
+
+        // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
+        // sums of the e4m3 products) and its exact term replaces its tensor-core one in the sum. The
+        // max slots' indices load under the output stores, their rows once O's registers are free.
+        float sum[2];
+        int32_t j_max[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            sum[r] = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
+            j_max[r] = -1;
+            if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F) {
+                const int64_t slot = static_cast<int64_t>(rows.max_tile[r]) * kSlotsPerTile + (__float_as_uint(rows.max[r]) & kSlotBits);
+                j_max[r] = slot < n_slots ? idx_row[slot] : -1;
+            }
+        }
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int64_t h = head0 + row0 + 8 * r;
+            const bool real = h < p.h_q;
+            float denom = sum[r];
+            if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - rows.ref[r] - p_shift);
+            const float o_scale = rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
+            uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
+            store_row<0, 2>(out, r, tig, p.out_rows_16b_aligned, real, [&](int n, int j) {
+                const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+                return bf16x2(x.x * o_scale, x.y * o_scale);
+            });
+        }
+        // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
+        // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
+        constexpr int kChunksPerThread = kChunks / 4;
+        uint4 kc[2][kChunksPerThread], qc[2][kChunksPerThread];
+        // a row is read only when it is real and has a valid max slot; otherwise the loads read the
+        // token's first q row in its place (unconditional loads keep kc and qc in registers)
+        bool exact[2];
+        const uint8_t* kv_row[2];
+        const uint8_t* q_row[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            exact[r] = work.in_range(j_max[r]);
+            const uint8_t* q_token = p.q + t * p.q_stride_s;
+            q_row[r] = exact[r] ? q_token + (head0 + row0 + 8 * r) * p.q_stride_h : q_token;
+            kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s : q_token;
+        }
+        auto load_rows = [&](auto aligned) {
+            CUTE_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                load_quad_share(kc[r], kv_row[r], tig, aligned);
+                load_quad_share(qc[r], q_row[r], tig, aligned);
+            }
+        };
+        if (p.rows_16b_aligned) load_rows(std::true_type{});
+        else load_rows(std::false_type{});
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            float exact_max = 0.f;
+            if (exact[r]) {
+                CUTE_UNROLL
+                for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
+            }
+            exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
+            const int64_t h = head0 + row0 + 8 * r;
+            const bool empty = rows.max[r] == -CUDART_INF_F;
+            if (h < p.h_q && tig == 0) {
+                const float ref = rows.ref[r] + p_shift;
+                const float exact_sum = sum[r] - exp2f(rows.max[r] - ref) + exp2f(exact_max * kLog2e - ref);
+                p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
+                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref + log2f(exact_sum)) * kLn2;
+            }
+        }
+    }
+}
+
+}  // namespace sparse_mla::sm90::dual
