@@ -36,10 +36,12 @@ static_assert(kCtasPerSm * (smem_bytes(512) + 1024) <= 228 * 1024 && kCtasPerSm 
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 
-// The dual kernel takes the calls with one block of 64 heads and fewer slots than the split kernel
-// takes, where the 64-head kernel's per-item epilogue bounds it. (Its O is in f16 as the wide
+// The dual kernel takes the calls with one block of 64 heads and from kMinTopk slots to fewer than
+// the split kernel takes, where the 64-head kernel's per-item epilogue bounds it; below kMinTopk
+// the 64-head kernel keeps the small shapes (and the tests' coverage). (Its O is in f16 as the wide
 // kernel's, accurate up to wide::kMaxTopk slots.)
-constexpr bool takes(int64_t h_q, int64_t topk) { return h_q <= kHeadsPerCta && topk < split::kMinTopk; }
+constexpr int64_t kMinTopk = 256;
+constexpr bool takes(int64_t h_q, int64_t topk) { return h_q <= kHeadsPerCta && topk >= kMinTopk && topk < split::kMinTopk; }
 // Its entry point in a fatbin: the 64-head kernel's name and this suffix (prefill_instance.cu.in).
 constexpr const char* kKernelSuffix = "_dual";
 
