@@ -107,27 +107,8 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // V of the row's chunks in fp16: columns 16 part + 64 m .. + 15, two 16-byte pieces per chunk
     const uint32_t v16_lo = sw128_byte(row, 16 * part), v16_hi = sw128_byte(row, 16 * part + 8);
     auto convert_v = [&](int buffer) {
-        const uint8_t* src = landing0 + buffer * half_tile_bytes(D) + row_chunk;
-        constexpr int kGroup = 2, kChunksOfV = kDv / 16 / 4;
-#pragma unroll
-        for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
-            uint4 e4m3[kGroup];
-#pragma unroll
-            for (int m = 0; m < kGroup; ++m) e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
-#pragma unroll
-            for (int m = 0; m < kGroup; ++m) {
-                const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
-                uint32_t h[8];
-#pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
-                    h[i] = two.x;
-                    h[i + 1] = two.y;
-                }
-                *reinterpret_cast<uint4*>(v16 + v16_lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
-                *reinterpret_cast<uint4*>(v16 + v16_hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
-            }
-        }
+        convert_row_v<kLandingAtomColumnBytes, kV16AtomColumnBytes>(landing0 + buffer * half_tile_bytes(D) + row_chunk,
+                                                                    v16 + v16_lo, v16 + v16_hi);
     };
 
     // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
