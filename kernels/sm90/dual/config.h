@@ -20,7 +20,8 @@ constexpr int kConsumerRegisters = 216;
 static_assert(kCtasPerSm * kWarpgroupThreads * (kProducerRegisters + kConsumerRegisters) <= 65536, "an SM's registers");
 constexpr int kHalfSlots = kSlotsPerTile / 2;  // the unit of the ring: a half tile of 32 slots
 // e4m3 kv half tiles: the gather runs two half tiles ahead where shared memory allows
-constexpr int landing_buffers(int d_qk) { return d_qk <= 512 ? 3 : 2; }
+constexpr int kMaxLandingBuffers = 3;
+constexpr int landing_buffers(int d_qk) { return d_qk <= 512 ? kMaxLandingBuffers : 2; }
 
 // Shared memory, each wgmma operand 1024-byte aligned for its swizzle:
 //   one fp16 half tile [slot][kDv]: V of a half tile, the MN-major B of P.V (P comes from registers);

@@ -4,7 +4,8 @@
 // At small topk the 64-head kernel's per-item epilogue (output stores, the exact max) runs under no
 // wgmma and bounds it (PERF.md). Here each CTA has one consumer warpgroup, which owns the 64 heads
 // and all of d_v (O in f16 registers, as in the wide kernel), and one producer warpgroup; with two
-// CTAs per SM one CTA's wgmmas run while the other's epilogue does. What two CTAs leave each one
+// CTAs per SM one CTA's wgmmas run while the other's epilogue does (what that gains, and why not
+// more: PERF.md, v18). What two CTAs leave each one
 // (~113 KB of shared memory, 256 registers per thread pair) sets the unit of the pipeline: a half
 // tile of 32 slots. Per half tile:
 //   1. the producer gathers the e4m3 kv rows (cp.async) into a ring of landing half tiles, two ahead
@@ -38,9 +39,9 @@ namespace sparse_mla::sm90::dual {
 // Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
 // arrives on "full" and waits on "empty", and the consumer, which does the opposite.
 enum Barrier : int {
-    kLandingFullBar0 = 1,                            // + landing buffer
-    kLandingEmptyBar0 = kLandingFullBar0 + 3,        // + landing buffer
-    kV16FullBar = kLandingEmptyBar0 + 3,
+    kLandingFullBar0 = 1,                                      // + landing buffer
+    kLandingEmptyBar0 = kLandingFullBar0 + kMaxLandingBuffers,  // + landing buffer
+    kV16FullBar = kLandingEmptyBar0 + kMaxLandingBuffers,
     kV16EmptyBar,
     kQBar,  // the consumer's own: Q landed
 };
@@ -154,7 +155,6 @@ __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
     using L = SmemLayouts<D>;
     static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
-    static_assert(landing_buffers(D) <= 3, "the barriers above");
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
 
     extern __shared__ __align__(1024) uint8_t smem[];
