@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "sm90/config.h"
+#include "sm90/dual/config.h"
 #include "sm90/split/config.h"
 #include "sm90/wide/config.h"
 
@@ -73,26 +74,30 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
                     const std::string& kernel_name) {
     namespace cfg = sparse_mla::sm90;
     DeviceScope scope(device);
-    // the wide kernel (128 heads per CTA) or the split one (64 heads, the slots split between the
-    // consumer warpgroups) where it takes the call, else the 64-head one
+    // the wide kernel (128 heads per CTA), the split one (64 heads, the slots split between the
+    // consumer warpgroups) or the dual one (two CTAs per SM) where it takes the call, else the 64-head one
     struct Choice {
         std::string suffix;
         int smem;
         int64_t head_blocks;
+        int threads, ctas_per_sm;
     };
     const int d_qk = static_cast<int>(p.d_qk);
     const Choice choice =
         cfg::wide::takes(p.h_q, p.topk)
-            ? Choice{cfg::wide::kKernelSuffix, cfg::wide::smem_bytes(d_qk), cfg::wide::head_blocks(p.h_q)}
+            ? Choice{cfg::wide::kKernelSuffix, cfg::wide::smem_bytes(d_qk), cfg::wide::head_blocks(p.h_q), cfg::kThreads, 1}
         : cfg::split::takes(p.h_q, p.topk)
-            ? Choice{cfg::split::kKernelSuffix, cfg::split::smem_bytes(d_qk), cfg::split::head_blocks(p.h_q)}
-            : Choice{"", cfg::smem_bytes(d_qk), cfg::head_blocks(p.h_q)};
+            ? Choice{cfg::split::kKernelSuffix, cfg::split::smem_bytes(d_qk), cfg::split::head_blocks(p.h_q), cfg::kThreads, 1}
+        : cfg::dual::takes(p.h_q, p.topk)
+            ? Choice{cfg::dual::kKernelSuffix, cfg::dual::smem_bytes(d_qk), cfg::dual::head_blocks(p.h_q),
+                     cfg::dual::kThreads, cfg::dual::kCtasPerSm}
+            : Choice{"", cfg::smem_bytes(d_qk), cfg::head_blocks(p.h_q), cfg::kThreads, 1};
     cudaKernel_t kernel = get_kernel(fatbin, kernel_name + choice.suffix);
     const int smem = choice.smem;
 
     // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
-    // persistent grid (one CTA per SM, all the shared memory one CTA can have, each CTA taking work
-    // items in turn). Kept only when both calls succeed.
+    // persistent grid (ctas_per_sm CTAs per SM, each with the shared memory that leaves it, taking
+    // work items in turn). Kept only when both calls succeed.
     static std::map<std::pair<cudaKernel_t, int>, int> sm_counts;
     auto configured = sm_counts.find({kernel, device});
     if (configured == sm_counts.end()) {
@@ -102,12 +107,12 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
         check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
         configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
     }
-    const int sms = configured->second;
+    const int64_t ctas = static_cast<int64_t>(configured->second) * choice.ctas_per_sm;
     const int64_t items = p.s_q * choice.head_blocks;
-    const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
+    const dim3 grid(static_cast<unsigned>(items < ctas ? items : ctas));
     SparseMlaParams params = p;
     void* args[] = {&params};
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(cfg::kThreads), args, smem,
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(choice.threads), args, smem,
                            reinterpret_cast<cudaStream_t>(stream)),
           "launching the prefill kernel");
 }

@@ -1,6 +1,7 @@
 """Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk.
 h_q 70 runs the wide kernel (128 heads per CTA), h_q 16 and 40 the 64-head one, h_q 40 with topk
-1100 the split one. The 300- and 140-token configurations have more work items than SMs, so that
+1100 the split one and with topk 600 the dual one (two CTAs per SM). The 300- and 140-token
+configurations have more work items than SMs (the dual kernel's 300 more than its CTAs), so that
 CTAs of the persistent grid take several, some empty (token 2 has no slots, and CTA 2 takes token
 134 after it); a hazard may show only in some orders of events, so the wide kernel's runs on several
 seeds."""
@@ -10,7 +11,8 @@ import sparse_mla_fp8
 
 dev = torch.device("cuda")
 MULTI_ITEM_SEEDS = 4
-cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0), (512, 40, 100, 300, 0), (576, 40, 1100, 140, 0)]
+cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0), (512, 40, 100, 300, 0), (576, 40, 1100, 140, 0),
+         (512, 40, 600, 300, 0)]
 cases += [(576, 70, 100, 300, seed) for seed in range(MULTI_ITEM_SEEDS)]
 for d_qk, h_q, topk, s_q, seed in cases:
     torch.manual_seed(seed)

@@ -17,7 +17,8 @@ endforeach()
 file(GLOB sparse_mla_kernel_headers CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/kernels/*.h ${PROJECT_SOURCE_DIR}/kernels/sm90/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/*.h
      ${PROJECT_SOURCE_DIR}/kernels/sm90/wide/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/wide/*.h
-     ${PROJECT_SOURCE_DIR}/kernels/sm90/split/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/split/*.h)
+     ${PROJECT_SOURCE_DIR}/kernels/sm90/split/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/split/*.h
+     ${PROJECT_SOURCE_DIR}/kernels/sm90/dual/*.cuh ${PROJECT_SOURCE_DIR}/kernels/sm90/dual/*.h)
 
 function(sparse_mla_add_fatbin d_qk out_file out_kernel)
   # The 64-head kernel keeps three e4m3 kv tiles and Q in 64-column swizzle atoms, plus an fp16 V

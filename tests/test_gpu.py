@@ -46,10 +46,10 @@ def test_large(cuda, shape, checked):
     run_and_check(cuda, case, tokens=tokens)
 
 
-@pytest.mark.parametrize("h_q", [128, 17], ids=["wide", "split"])
+@pytest.mark.parametrize("h_q, topk", [(128, 2048), (17, 2048), (40, 700)], ids=["wide", "split", "dual"])
 @pytest.mark.parametrize("d_qk", table_dims())
-def test_full_heads_with_length_and_sink(cuda, d_qk, h_q):
-    s_q, s_kv, topk = 16, 8192, 2048
+def test_full_heads_with_length_and_sink(cuda, d_qk, h_q, topk):
+    s_q, s_kv = 16, 8192
     case = random_case(seed_of("full heads", d_qk, h_q), s_q, s_kv, h_q, d_qk, topk)
     rng = np.random.default_rng(d_qk)
     case.attn_sink = rng.choice([np.inf, -np.inf, 0.0, 2.0, -2.0, 8.0], h_q).astype(np.float32)
@@ -64,12 +64,12 @@ def test_full_heads_with_length_and_sink(cuda, d_qk, h_q):
         assert cuda.raw(a) == cuda.raw(b), "two runs on identical input differ"
 
 
-@pytest.mark.parametrize("h_q, topk", [(70, 150), (40, 1100)], ids=["wide", "split"])
+@pytest.mark.parametrize("h_q, topk", [(70, 150), (40, 1100), (40, 600)], ids=["wide", "split", "dual"])
 @pytest.mark.parametrize("d_qk", table_dims())
 def test_more_items_than_sms(cuda, d_qk, h_q, topk):
     """The grid is persistent: with 300 items (a token and its 128 heads in the wide kernel, its 64 in
-    the split one) each CTA takes several in turn, and the items without slots (topk_length 0) sit
-    between others."""
+    the split and dual ones) each CTA takes several in turn (the dual kernel runs two CTAs per SM),
+    and the items without slots (topk_length 0) sit between others."""
     s_q, s_kv = 300, 2000
     case = random_case(seed_of("items", d_qk, h_q), s_q, s_kv, h_q, d_qk, topk)
     rng = np.random.default_rng(d_qk + 1)
@@ -81,13 +81,14 @@ def test_more_items_than_sms(cuda, d_qk, h_q, topk):
     run_and_check(cuda, case)
 
 
-@pytest.mark.parametrize("h_q, topk", [(128, 2048), (128, 2049), (64, 1023), (64, 1024), (64, 4096), (64, 4097)],
-                         ids=["wide", "wide+1", "split-1", "split", "split_max", "split_max+1"])
+@pytest.mark.parametrize("h_q, topk", [(128, 2048), (128, 2049), (64, 255), (64, 256), (64, 1023), (64, 1024),
+                                      (64, 4096), (64, 4097)],
+                         ids=["wide", "wide+1", "dual-1", "dual", "dual_max", "split", "split_max", "split_max+1"])
 def test_f16_kernels_topk_bounds(cuda, h_q, topk):
-    """The wide and split kernels keep O in f16 registers, rounded at every k16 step; the worst case
-    is a token whose slots all name one kv row (every step rounds the same way). At their largest
-    topk (2048 slots per warpgroup) that stays within the contract; one slot more, or a split call
-    below its smallest topk, goes to the 64-head kernel."""
+    """The wide, dual and split kernels keep O in f16 registers, rounded at every k16 step; the worst
+    case is a token whose slots all name one kv row (every step rounds the same way). At their
+    largest topk (2048 slots per warpgroup) that stays within the contract; one slot more, or a call
+    below the dual kernel's smallest topk, goes to the 64-head kernel."""
     s_q, s_kv, d_qk = 6, 8192, table_dims()[-1]
     case = random_case(seed_of("f16 bound", h_q, topk), s_q, s_kv, h_q, d_qk, topk)
     case.indices[::2] = case.indices[::2, :, :1]  # even tokens: one row in every slot

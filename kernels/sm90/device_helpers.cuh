@@ -45,11 +45,14 @@ __device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::
 
 // A K step of an e4m3 tile's wgmma descriptor (Q or a landing tile): it moves only the start
 // address, in the descriptor's low word (addresses >> 4 < 2^14: no carry); the high word stays.
-template <int D>
+// (kRows: the tile's rows, 64 heads or kSlotsPerTile slots, or a 32-slot tile's.)
+template <int D, int kRows = kSlotsPerTile>
 __device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
+    using Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
+                                              cute::Shape<cute::Int<kRows>, cute::Int<D>>{}));
     uint64_t d;
     asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(typename SmemLayouts<D>::E4m3{}(0, ks * kKStep) / 16)),
+        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(Tile{}(0, ks * kKStep) / 16)),
           "r"(static_cast<uint32_t>(desc >> 32)));
     return d;
 }
@@ -59,7 +62,8 @@ __device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
 // while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). after_wait() runs
 // at the third K step, after a wait for every wgmma of the warpgroup, so also for the P.V issued
 // before (ptxas serializes the wgmmas when that P.V is waited for with a partial count).
-template <int D, int kAcc, class AfterWait>
+// kKRows: the rows of the tile that k_desc names (Q has 64).
+template <int D, int kKRows = kSlotsPerTile, int kAcc, class AfterWait>
 __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait) {
     constexpr int kKSteps = D / kKStep;
     static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
@@ -68,7 +72,7 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
         CUTE_UNROLL
         for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(part[ks % kQkSets][i]);
         cute::warpgroup_arrive();
-        wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D>(k_desc, ks), part[ks % kQkSets],
+        wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
                         cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
         cute::warpgroup_commit_batch();
     };
@@ -216,10 +220,10 @@ __device__ inline uint32_t sw128_byte(uint32_t row, uint32_t col) {
     return row * 128 + ((((col / 8) ^ (row % 8)) * 16) | (col % 8) * 2);
 }
 
-// Byte offset of the 16-byte chunk of e4m3 columns 16 c .. 16 c + 15 of a row in an e4m3 tile (64
+// Byte offset of the 16-byte chunk of e4m3 columns 16 c .. 16 c + 15 of a row in an e4m3 tile (rows
 // rows, atoms of 64 columns; GMMA's 64-byte swizzle: address bits 4-5 ^= bits 7-8).
-__device__ inline uint32_t sw64_chunk(uint32_t row, uint32_t c) {
-    return (c / 4) * (kSlotsPerTile * 64) + row * 64 + (((c % 4) ^ ((row / 2) % 4)) * 16);
+__device__ inline uint32_t sw64_chunk(uint32_t row, uint32_t c, uint32_t rows = kSlotsPerTile) {
+    return (c / 4) * (rows * 64) + row * 64 + (((c % 4) ^ ((row / 2) % 4)) * 16);
 }
 
 // An f16 O of 64 heads x 512 columns (two 256-column wgmma accumulators, f16 pairs): this thread's

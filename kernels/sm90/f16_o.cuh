@@ -13,8 +13,10 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include "params.h"
 #include "sm90/config.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/work.cuh"
 
 namespace sparse_mla::sm90 {
 
@@ -41,14 +43,17 @@ __device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d
 struct PvOperandB {
     uint64_t desc[2];
     uint32_t chunk;
-    template <int D>
-    __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>) {
+    // (kSlots: the fp16 tile's slots, kSlotsPerTile or a 32-slot tile's; its layout is SmemLayouts' V)
+    template <int D, int kSlots = kSlotsPerTile>
+    __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>,
+                          std::integral_constant<int, kSlots> = {}) {
         using namespace cute;
+        using V = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<half_t>{}, Shape<Int<kDv>, Int<kSlots>>{}, Step<_2, _1>{}));
         auto thr_pv = make_tiled_mma(MmaPvF16{}).get_thread_slice(wg_tid);
-        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename SmemLayouts<D>::V{});
+        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), V{});
         CUTE_UNROLL
         for (int n = 0; n < 2; ++n) {
-            Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlotsPerTile>>{}, make_coord(n, 0)));
+            Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlots>>{}, make_coord(n, 0)));
             desc[n] = static_cast<uint64_t>(t(0, 0, 0));
             chunk = static_cast<uint32_t>(static_cast<uint64_t>(t(0, 0, 1))) - static_cast<uint32_t>(desc[n]);
         }
@@ -162,6 +167,84 @@ __device__ inline void store_row(uint16_t* out, int r, int tig, bool aligned, bo
 __device__ inline uint32_t bf16x2(float lo, float hi) {
     const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
+// of this thread) in f16: out, then max_logits and lse.
+template <int D>
+__device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
+                                  int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,
+                                  const F16O& o, float p_shift, int row0, int tig) {
+    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
+    // sums of the e4m3 products) and its exact term replaces its tensor-core one in the sum. The
+    // max slots' indices load under the output stores, their rows once O's registers are free.
+    float sum[2];
+    int32_t j_max[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        sum[r] = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
+        j_max[r] = -1;
+        if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F) {
+            const int64_t slot = static_cast<int64_t>(rows.max_tile[r]) * kSlotsPerTile + (__float_as_uint(rows.max[r]) & kSlotBits);
+            j_max[r] = slot < n_slots ? idx_row[slot] : -1;
+        }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int64_t h = head0 + row0 + 8 * r;
+        const bool real = h < p.h_q;
+        float denom = sum[r];
+        if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - rows.ref[r] - p_shift);
+        const float o_scale = rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
+        uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
+        store_row<0, 2>(out, r, tig, p.out_rows_16b_aligned, real, [&](int n, int j) {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+            return bf16x2(x.x * o_scale, x.y * o_scale);
+        });
+    }
+    // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
+    // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
+    constexpr int kChunksPerThread = kChunks / 4;
+    uint4 kc[2][kChunksPerThread], qc[2][kChunksPerThread];
+    // a row is read only when it is real and has a valid max slot; otherwise the loads read the
+    // token's first q row in its place (unconditional loads keep kc and qc in registers)
+    bool exact[2];
+    const uint8_t* kv_row[2];
+    const uint8_t* q_row[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        exact[r] = work.in_range(j_max[r]);
+        const uint8_t* q_token = p.q + t * p.q_stride_s;
+        q_row[r] = exact[r] ? q_token + (head0 + row0 + 8 * r) * p.q_stride_h : q_token;
+        kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s : q_token;
+    }
+    auto load_rows = [&](auto aligned) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            load_quad_share(kc[r], kv_row[r], tig, aligned);
+            load_quad_share(qc[r], q_row[r], tig, aligned);
+        }
+    };
+    if (p.rows_16b_aligned) load_rows(std::true_type{});
+    else load_rows(std::false_type{});
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        float exact_max = 0.f;
+        if (exact[r]) {
+            CUTE_UNROLL
+            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
+        }
+        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
+        const int64_t h = head0 + row0 + 8 * r;
+        const bool empty = rows.max[r] == -CUDART_INF_F;
+        if (h < p.h_q && tig == 0) {
+            const float ref = rows.ref[r] + p_shift;
+            const float exact_sum = sum[r] - exp2f(rows.max[r] - ref) + exp2f(exact_max * kLog2e - ref);
+            p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
+            p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref + log2f(exact_sum)) * kLn2;
+        }
+    }
 }
 
 }  // namespace sparse_mla::sm90

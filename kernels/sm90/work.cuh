@@ -65,6 +65,34 @@ __device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, 
     cute::cp_async_fence();
 }
 
+// V of one row of a landing tile in fp16: its 16-byte e4m3 chunks m (m < kDv / 64: those of one of
+// the row's four threads), an atom column (kLandingColumnBytes) apart, each into two 16-byte pieces at
+// lo and hi, an fp16 atom column (kV16ColumnBytes) apart. A group's loads first, so that their
+// latencies overlap (all of them would spill).
+template <int kLandingColumnBytes, int kV16ColumnBytes>
+__device__ inline void convert_row_v(const uint8_t* src, uint8_t* lo, uint8_t* hi) {
+    constexpr int kGroup = 2, kChunks = kDv / 64;
+#pragma unroll
+    for (int m0 = 0; m0 < kChunks; m0 += kGroup) {
+        uint4 e4m3[kGroup];
+#pragma unroll
+        for (int m = 0; m < kGroup; ++m) e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingColumnBytes);
+#pragma unroll
+        for (int m = 0; m < kGroup; ++m) {
+            const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
+            uint32_t h[8];
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
+                h[i] = two.x;
+                h[i + 1] = two.y;
+            }
+            *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16ColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16ColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
+        }
+    }
+}
+
 // The producer warpgroup (it first gives its registers to the consumers): the CTA's tiles in order
 // across its items, each gathered (cp.async) into one of kBuffers landing tiles, kBuffers - 1 tiles
 // ahead of QK^T, with the validity of its slots in slot_valid (unless that is null: the consumers
@@ -152,31 +180,8 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
     const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
     auto convert_v = [&](int buffer, int half) {
-        const uint8_t* src = landing(buffer) + row_chunk[half];
-        uint8_t* lo = v16 + v16_lo[half];
-        uint8_t* hi = v16 + v16_hi[half];
-        // a group's loads first, so that their latencies overlap (all of them would spill)
-        constexpr int kGroup = 2, kChunksOfV = kDv / 16 / kThreadsPerRow;
-#pragma unroll
-        for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
-            uint4 e4m3[kGroup];
-#pragma unroll
-            for (int m = 0; m < kGroup; ++m)
-                e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingAtomColumnBytes);
-#pragma unroll
-            for (int m = 0; m < kGroup; ++m) {
-                const uint32_t w[4] = {e4m3[m].x, e4m3[m].y, e4m3[m].z, e4m3[m].w};
-                uint32_t h[8];
-#pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const uint2 two = e4m3x4_to_half2x2(w[i / 2]);
-                    h[i] = two.x;
-                    h[i + 1] = two.y;
-                }
-                *reinterpret_cast<uint4*>(lo + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[0], h[1], h[2], h[3]);
-                *reinterpret_cast<uint4*>(hi + (m0 + m) * kV16AtomColumnBytes) = make_uint4(h[4], h[5], h[6], h[7]);
-            }
-        }
+        convert_row_v<kLandingAtomColumnBytes, kV16AtomColumnBytes>(landing(buffer) + row_chunk[half], v16 + v16_lo[half],
+                                                                    v16 + v16_hi[half]);
     };
 
     // Tile i + kBuffers - 1 is gathered while tile i is computed. One cp.async group per

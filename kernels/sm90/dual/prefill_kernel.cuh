@@ -1,0 +1,245 @@
+// The SM90 FP8 sparse MLA prefill kernel for one block of 64 heads at small topk: two CTAs per SM,
+// each one query token x 64 heads, one template for every QK head dim.
+//
+// At small topk the 64-head kernel's per-item epilogue (output stores, the exact max) runs under no
+// wgmma and bounds it (PERF.md). Here each CTA has one consumer warpgroup, which owns the 64 heads
+// and all of d_v (O in f16 registers, as in the wide kernel), and one producer warpgroup; with two
+// CTAs per SM one CTA's wgmmas run while the other's epilogue does (what that gains, and why not
+// more: PERF.md, v18). What two CTAs leave each one
+// (~113 KB of shared memory, 256 registers per thread pair) sets the unit of the pipeline: a half
+// tile of 32 slots. Per half tile:
+//   1. the producer gathers the e4m3 kv rows (cp.async) into a ring of landing half tiles, two ahead
+//      (one at d_qk 576); invalid slots become zero rows with a -inf logit;
+//   2. the consumer computes S = Q K^T by FP8 wgmma (m64n32k32), promoted per K step (PERF.md);
+//   3. meanwhile the producer converts V to fp16 into the one fp16 half tile, once P.V of the one
+//      before has read it;
+//   4. online softmax in base 2 (validity from the indices), P (fp16) in registers as the A of P.V,
+//      O += P V in f16;
+//   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly.
+// The grid is persistent (kCtasPerSm CTAs per SM, items taken in turn).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <utility>
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "params.h"
+#include "sm90/device_helpers.cuh"
+#include "sm90/dual/config.h"
+#include "sm90/f16_o.cuh"
+#include "sm90/work.cuh"
+
+namespace sparse_mla::sm90::dual {
+
+// Named barriers (0 is __syncthreads). A full/empty pair orders a buffer between the producer, which
+// arrives on "full" and waits on "empty", and the consumer, which does the opposite.
+enum Barrier : int {
+    kLandingFullBar0 = 1,                                      // + landing buffer
+    kLandingEmptyBar0 = kLandingFullBar0 + kMaxLandingBuffers,  // + landing buffer
+    kV16FullBar = kLandingEmptyBar0 + kMaxLandingBuffers,
+    kV16EmptyBar,
+    kQBar,  // the consumer's own: Q landed
+};
+static_assert(kQBar < 16, "sm_90 has 16 named barriers");
+
+// The 32-slot e4m3 tiles of the landing ring, the B of QK^T.
+template <int D>
+using HalfTile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
+                                              cute::Shape<cute::Int<kHalfSlots>, cute::Int<D>>{}));
+
+// The producer warpgroup: the CTA's half tiles in order across its items, each gathered into the
+// ring two ahead of QK^T, then its V converted into the fp16 half tile. A thread owns one row of a
+// half tile and in it the 16-byte chunks part + 4 m: one swizzle atom column apart in both tiles.
+template <int D>
+__device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    constexpr int kBuffers = landing_buffers(D);
+    constexpr int kChunksPerThread = D / 16 / 4;
+    constexpr int kLandingAtomColumnBytes = kHalfSlots * 64;
+    constexpr int kV16AtomColumnBytes = kHalfSlots * 128;
+    static_assert(kProducerThreads == 4 * kHalfSlots, "four threads per row");
+    const int ptid = threadIdx.x - kConsumerThreads, row = ptid / 4, part = ptid % 4;
+    uint8_t* landing0 = smem + landing_smem_offset(D);
+    uint8_t* v16 = smem;
+    const uint32_t row_chunk = sw64_chunk(row, part, kHalfSlots);
+    const uint32_t landing0_shared = static_cast<uint32_t>(__cvta_generic_to_shared(landing0)) + row_chunk;
+
+    struct Cursor {
+        int64_t item, n_slots;
+        const int32_t* idx_row;
+        int half, n_halves;
+    } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
+    auto open_item = [&]() {  // from next.item on, the first item with tiles
+        for (; next.item < work.n_items; next.item += gridDim.x) {
+            const int64_t t = work.at(next.item).token;
+            next.n_slots = work.slots_of(t);
+            next.n_halves = 2 * work.tiles_of(next.n_slots);
+            next.idx_row = p.indices + t * p.indices_stride_s;
+            next.half = 0;
+            if (next.n_halves > 0) return;
+        }
+    };
+    // the index of this thread's row in the cursor's half tile (-1 past n_slots), loaded a gather
+    // ahead to hide its latency
+    auto half_index = [&]() -> int32_t {
+        if (next.item >= work.n_items) return -1;
+        const int64_t slot = static_cast<int64_t>(next.half) * kHalfSlots + row;
+        return slot < next.n_slots ? next.idx_row[slot] : -1;
+    };
+    auto gather = [&](int buffer, int32_t j) {
+        const bool valid = work.in_range(j);
+        // an invalid row is zero-filled: cp.async then reads nothing at src
+        const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
+        if (p.rows_16b_aligned) {
+            const uint32_t dst = landing0_shared + buffer * half_tile_bytes(D);
+#pragma unroll
+            for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
+        } else {
+            uint8_t* dst = landing0 + buffer * half_tile_bytes(D) + row_chunk;
+            for (int m = 0; m < kChunksPerThread; ++m) copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
+        }
+        cute::cp_async_fence();
+    };
+    // V of the row's chunks in fp16: columns 16 part + 64 m .. + 15, two 16-byte pieces per chunk
+    const uint32_t v16_lo = sw128_byte(row, 16 * part), v16_hi = sw128_byte(row, 16 * part + 8);
+    auto convert_v = [&](int buffer) {
+        convert_row_v<kLandingAtomColumnBytes, kV16AtomColumnBytes>(landing0 + buffer * half_tile_bytes(D) + row_chunk,
+                                                                    v16 + v16_lo, v16 + v16_hi);
+    };
+
+    // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
+    // tile (empty past the last), so that a fixed wait count finds half tile c landed; each thread
+    // converts only the chunks it gathered. Every arrival of the consumer is waited for exactly once.
+    open_item();
+    int32_t next_j = half_index();
+    int n_gathered = 0;
+    auto gather_next = [&]() {
+        if (next.item >= work.n_items) {
+            cute::cp_async_fence();
+            return;
+        }
+        const int32_t j = next_j;
+        if (++next.half == next.n_halves) {
+            next.item += gridDim.x;
+            open_item();
+        }
+        next_j = half_index();
+        gather(n_gathered++ % kBuffers, j);
+    };
+    for (int i = 0; i < kBuffers - 1; ++i) gather_next();
+    for (int c = 0; c < n_gathered; ++c) {
+        const int buffer = c % kBuffers;
+        cute::cp_async_wait<kBuffers - 2>();
+        fence_for_tensor_cores();
+        bar_arrive(kLandingFullBar0 + buffer, kThreads);
+        if (c >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of c - 1 has read the fp16 half tile
+        convert_v(buffer);
+        fence_for_tensor_cores();
+        bar_arrive(kV16FullBar, kThreads);
+        if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, kThreads);  // QK^T of c - 1 done
+        gather_next();
+    }
+    if (n_gathered >= 1) {
+        bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, kThreads);
+        bar_sync(kV16EmptyBar, kThreads);
+    }
+}
+
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) {
+    using namespace cute;
+    using L = SmemLayouts<D>;
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
+    constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
+
+    extern __shared__ __align__(1024) uint8_t smem[];
+    uint8_t* v16 = smem;
+    uint8_t* landing0 = smem + landing_smem_offset(D);
+    uint8_t* q_tile = smem + q_smem_offset(D);
+
+    const int tid = threadIdx.x;
+    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const int64_t n_items = work.n_items;
+    const Scales scale(p);
+
+    if (tid >= kConsumerThreads) {
+        produce<D>(p, work, smem);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int row0 = 16 * (tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+
+    // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
+    // once this one's last QK^T is done, so that the epilogue hides it
+    auto load_q = [&](int64_t item) {
+        const auto [t, head0] = work.at(item);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+    };
+    if (blockIdx.x < n_items) load_q(blockIdx.x);
+
+    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(tid);
+    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing0)), HalfTile<D>{}))(0, 0, 0));
+    const PvOperandB v_b(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});
+
+    // O of the 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that O stays
+    // below f16's 65504.
+    F16O o;
+    const float p_shift = p_shift_for(p.topk);
+    uint32_t pr[2][8];  // P of the half tile before (its P.V may still read it) and this one
+    SoftmaxRows rows;
+
+    int cta_half = 0;  // this CTA's half tiles so far, across items: names the landing buffer
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const auto [t, head0] = work.at(item);
+        const int64_t n_slots = work.slots_of(t);
+        const int n_tiles = work.tiles_of(n_slots);
+        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const bool more = item + gridDim.x < n_items;
+        cute::cp_async_wait<0>();
+        fence_for_tensor_cores();
+        bar_sync(kQBar, kConsumerThreads);  // Q landed
+        each_word(o, [](uint32_t& x) { x = 0; });
+        rows.reset();
+
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h, ++cta_half) {
+                const int buffer = cta_half % landing_buffers(D);
+                // the validity of the half tile's slots, from the indices (lane j: slot 32 h + j)
+                const bool lane_valid = work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * h + lane);
+                bar_sync(kLandingFullBar0 + buffer, kThreads);
+                float s[kAcc] = {};
+                qk_promoted<D, kHalfSlots>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * half_tile_bytes(D) / 16), s, [&] {
+                    // the previous half tile's P.V, issued last, is done now: the fp16 half tile is free
+                    each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+                    if (tile > 0 || h > 0) bar_arrive(kV16EmptyBar, kThreads);
+                });
+                bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+
+                // online softmax, base 2, on the half tile's 32 slots
+                rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), h, tile, tig, scale.logit, p_shift, o, pr[h]);
+
+                bar_sync(kV16FullBar, kThreads);  // V of this half tile
+                pv_half(pr[h], v_b, 0, o);
+            }
+        }
+        warpgroup_wait<0>();
+        each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        if (more) load_q(item + gridDim.x);
+
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig);
+    }
+}
+
+}  // namespace sparse_mla::sm90::dual
