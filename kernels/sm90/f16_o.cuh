@@ -8,6 +8,7 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include <type_traits>
 #include <utility>
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -169,12 +170,20 @@ __device__ inline uint32_t bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+// Where an item's end reads the Q rows of its exact max: global memory, or the item's Q tile
+// (SmemLayouts' E4m3) when the caller keeps it until then (one fewer round trip, no registers).
+struct QFromGlobal {};
+struct QFromTile {
+    const uint8_t* tile;
+};
+
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
 // of this thread) in f16: out, then max_logits and lse.
-template <int D>
+template <int D, class QRows>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
                                   int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,
-                                  const F16O& o, float p_shift, int row0, int tig) {
+                                  const F16O& o, float p_shift, int row0, int tig, QRows q_rows) {
+    constexpr bool kQFromTile = std::is_same_v<QRows, QFromTile>;
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
     // sums of the e4m3 products) and its exact term replaces its tensor-core one in the sum. The
@@ -223,7 +232,7 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             load_quad_share(kc[r], kv_row[r], tig, aligned);
-            load_quad_share(qc[r], q_row[r], tig, aligned);
+            if constexpr (!kQFromTile) load_quad_share(qc[r], q_row[r], tig, aligned);
         }
     };
     if (p.rows_16b_aligned) load_rows(std::true_type{});
@@ -233,7 +242,10 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
         float exact_max = 0.f;
         if (exact[r]) {
             CUTE_UNROLL
-            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
+            for (int m = 0; m < kChunksPerThread; ++m) {
+                if constexpr (kQFromTile) qc[r][m] = *reinterpret_cast<const uint4*>(q_rows.tile + sw64_chunk(row0 + 8 * r, tig + 4 * m));
+                exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
+            }
         }
         exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
         const int64_t h = head0 + row0 + 8 * r;

@@ -15,7 +15,8 @@
 //      before has read it;
 //   4. online softmax in base 2 (validity from the indices), P (fp16) in registers as the A of P.V,
 //      O += P V in f16;
-//   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly.
+//   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly
+//      (its Q rows from the Q tile; the next item's Q loads after).
 // The grid is persistent (kCtasPerSm CTAs per SM, items taken in turn).
 #pragma once
 
@@ -177,7 +178,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     const int row0 = 16 * (tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
 
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
-    // once this one's last QK^T is done, so that the epilogue hides it
+    // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
+    // reading the exact max's Q rows from global memory (PERF.md, v19)
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
         load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
@@ -236,9 +238,9 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromTile{q_tile});
+        bar_sync(kQBar, kConsumerThreads);  // every row of Q read
         if (more) load_q(item + gridDim.x);
-
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig);
     }
 }
 

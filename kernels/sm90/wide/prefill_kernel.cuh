@@ -165,7 +165,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
         if (more) load_q(item + gridDim.x);
 
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig);
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromGlobal{});
     }
 }
 
