@@ -20,7 +20,8 @@
 //   5. at the end, max_logits is recomputed exactly (fp32 sums of the e4m3 products) for the slot
 //      that the running maximum names, and that exact term replaces its own in the sum behind lse.
 // The grid is persistent (one CTA per SM, items taken in turn): the producer's stream of tiles runs
-// on from one item into the next, and the next item's Q loads while this one's epilogue runs.
+// on from one item into the next, and the next item's Q loads once this one's exact max has read its
+// Q rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -96,9 +97,10 @@ __device__ void prefill(const SparseMlaParams& p) {
     const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows of its warpgroup's heads: row0 and row0 + 8
 
     // Q of this warpgroup's heads of an item into its swizzled tile; heads past h_q are zero rows.
-    // Issued for the next item once this warpgroup's last P.V is done, so that its epilogue hides it
-    // (issued inside the tile loop it made ptxas spill there: 6% slower, PERF.md); the warpgroups
-    // share nothing else of an item, so neither waits for the other's epilogue.
+    // Issued for the next item once this warpgroup's exact max has read its Q rows from the tile
+    // (3% faster at topk 1024 than loading them from global memory, PERF.md v20; issued inside the
+    // tile loop it made ptxas spill there: 6% slower); the warpgroups share nothing else of an item,
+    // so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
         const auto [t, head_pair0] = work.at(item);
         load_q_rows<D>(p, q_tile + wg * kHeadsPerWg * D, t, head_pair0 + wg * kHeadsPerWg, kHeadsPerWg, wg_tid,
@@ -163,9 +165,9 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromTile{q_tile + wg * kHeadsPerWg * D});
+        bar_sync(kQBar0 + wg, kWarpgroupThreads);
         if (more) load_q(item + gridDim.x);
-
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromGlobal{});
     }
 }
 
