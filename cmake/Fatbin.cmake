@@ -23,7 +23,7 @@ file(GLOB sparse_mla_kernel_headers CONFIGURE_DEPENDS
 function(sparse_mla_add_fatbin d_qk out_file out_kernel)
   # The 64-head kernel keeps three e4m3 kv tiles and Q in 64-column swizzle atoms, plus an fp16 V
   # tile, in shared memory: d_qk must hold d_v (512) in whole atoms, and 576 fits where 640 would not.
-  # The fatbin holds it, the wide kernel and the split one (prefill_instance.cu.in).
+  # The fatbin holds it and the wide, split and dual kernels (prefill_instance.cu.in).
   if(NOT d_qk MATCHES "^(512|576)$")
     message(FATAL_ERROR "SPARSE_MLA_HEAD_DIMS: the SM90 kernels are built for d_qk 512 and 576, not ${d_qk}")
   endif()

@@ -18,6 +18,7 @@ namespace sparse_mla::sm90 {
 // The swizzled layouts of the shared-memory operands.
 template <int D>
 struct SmemLayouts {
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     using f16 = cute::half_t;
     using e4m3 = cute::float_e4m3_t;
     // Q (head, d_qk) and a landing tile (slot, d_qk), d_qk contiguous: K-major operands of QK^T.
@@ -35,6 +36,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 using MmaQK = cute::SM90_64x32x32_F32E4M3E4M3_SS_TN<>;
+
+// The wgmma descriptor of a Q tile (64 heads, SmemLayouts' E4m3) as the A of QK^T, for thread wg_tid
+// of its warpgroup.
+template <int D>
+__device__ inline uint64_t q_descriptor(uint8_t* q_tile, int wg_tid) {
+    using namespace cute;
+    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
+    return static_cast<uint64_t>(thr_qk.partition_fragment_A(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename SmemLayouts<D>::E4m3{}))(0, 0, 0));
+}
 
 // One shared-memory wgmma on an accumulator of sizeof...(I) floats.
 template <class Op, class Acc, size_t... I>

@@ -1,6 +1,7 @@
-// What the consumer warpgroups of the wide and split kernels share: an O of 64 heads x 512 columns in
-// f16 registers (two 256-column wgmma accumulators of f16 pairs), fed by P.V with P from registers,
-// and the online softmax of a half tile (32 slots) that makes that P.
+// What the consumer warpgroups of the wide, split and dual kernels share: an O of 64 heads x 512
+// columns in f16 registers (two 256-column wgmma accumulators of f16 pairs), fed by P.V with P from
+// registers, the online softmax of a half tile (32 slots) that makes that P, and (wide and dual) the
+// item's end.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -66,7 +66,6 @@ template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
     using L = SmemLayoutsWithP<D>;
-    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
@@ -117,8 +116,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     // One descriptor per operand; a K step adds its byte offset (>> 4, the descriptor's address
     // unit), so that no descriptor per K step is held in registers.
-    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);
     const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
         make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
         Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));

@@ -1,6 +1,7 @@
-// The work both SM90 prefill kernels share: their items (a token and a block of heads) on a
-// persistent grid, the slots of a token, and the producer warpgroup that gathers the kv tiles and
-// converts their V to fp16.
+// The work the SM90 prefill kernels share: their items (a token and a block of heads) on a persistent
+// grid, the slots of a token, Q's and V's copies, and the producer warpgroup of the 64-head, wide and
+// split kernels, which gathers the kv tiles and converts their V to fp16 (the dual kernel's works on
+// half tiles: dual/).
 #pragma once
 
 #include <stdint.h>
@@ -71,9 +72,9 @@ __device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, 
 // latencies overlap (all of them would spill).
 template <int kLandingColumnBytes, int kV16ColumnBytes>
 __device__ inline void convert_row_v(const uint8_t* src, uint8_t* lo, uint8_t* hi) {
-    constexpr int kGroup = 2, kChunks = kDv / 64;
+    constexpr int kGroup = 2, kChunksOfV = kDv / 64;
 #pragma unroll
-    for (int m0 = 0; m0 < kChunks; m0 += kGroup) {
+    for (int m0 = 0; m0 < kChunksOfV; m0 += kGroup) {
         uint4 e4m3[kGroup];
 #pragma unroll
         for (int m = 0; m < kGroup; ++m) e4m3[m] = *reinterpret_cast<const uint4*>(src + (m0 + m) * kLandingColumnBytes);

@@ -154,8 +154,6 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    using L = SmemLayouts<D>;
-    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
 
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -187,8 +185,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(tid);
-    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t q_desc = q_descriptor<D>(q_tile, tid);
     const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(
         make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing0)), HalfTile<D>{}))(0, 0, 0));
     const PvOperandB v_b(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});

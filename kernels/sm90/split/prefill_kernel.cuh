@@ -61,7 +61,6 @@ template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
     using L = SmemLayouts<D>;
-    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
@@ -105,8 +104,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
-    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);
     // this warpgroup's half tile of landing buffer 0
     const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
         make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),

@@ -58,7 +58,6 @@ template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
     using L = SmemLayouts<D>;
-    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerWg * kHalfSlots / kWarpgroupThreads;  // S values of a thread
     static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
@@ -109,8 +108,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
-    const uint64_t q_desc = static_cast<uint64_t>(thr_qk.partition_fragment_A(make_tensor(
-        make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile + wg * kHeadsPerWg * D)), typename L::E4m3{}))(0, 0, 0));
+    const uint64_t q_desc = q_descriptor<D>(q_tile + wg * kHeadsPerWg * D, wg_tid);
     uint64_t k_desc0[2];  // each half tile of landing buffer 0
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h)
