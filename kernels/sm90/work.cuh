@@ -94,6 +94,41 @@ __device__ inline void convert_row_v(const uint8_t* src, uint8_t* lo, uint8_t* h
     }
 }
 
+// A producer's place in its CTA's sequence of units across its items, in the order the consumers take
+// them: a unit is a tile of kSlotsPerTile slots (kUnitsPerTile 1) or a part of one (the dual kernel's
+// half tiles); an item has kUnitsPerTile units per tile of its slots.
+template <int kUnitsPerTile>
+struct UnitCursor {
+    static constexpr int kUnitSlots = kSlotsPerTile / kUnitsPerTile;
+    int64_t item;  // from blockIdx.x on: open() finds the first item with units
+    int64_t n_slots = 0;
+    const int32_t* idx_row = nullptr;
+    int unit = 0, n_units = 0;
+
+    __device__ bool done(const WorkItems& work) const { return item >= work.n_items; }
+    // on to the next unit: past an item's last, the next item with units
+    __device__ void advance(const SparseMlaParams& p, const WorkItems& work) {
+        if (++unit == n_units) {
+            item += gridDim.x;
+            open(p, work);
+        }
+    }
+    // the item's slot of the unit's row, and a slot's index (-1 past the item's slots)
+    __device__ int64_t slot(int row) const { return static_cast<int64_t>(unit) * kUnitSlots + row; }
+    __device__ int32_t index(int64_t s) const { return s < n_slots ? idx_row[s] : -1; }
+    // from item on, the first item with units
+    __device__ void open(const SparseMlaParams& p, const WorkItems& work) {
+        for (; item < work.n_items; item += gridDim.x) {
+            const int64_t t = work.at(item).token;
+            n_slots = work.slots_of(t);
+            n_units = kUnitsPerTile * work.tiles_of(n_slots);
+            idx_row = p.indices + t * p.indices_stride_s;
+            unit = 0;
+            if (n_units > 0) return;
+        }
+    }
+};
+
 // The producer warpgroup (it first gives its registers to the consumers): the CTA's tiles in order
 // across its items, each gathered (cp.async) into one of kBuffers landing tiles, kBuffers - 1 tiles
 // ahead of QK^T, with the validity of its slots in slot_valid (unless that is null: the consumers
@@ -122,28 +157,13 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
 
     // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
-    struct Cursor {
-        int64_t item, n_slots;
-        const int32_t* idx_row;
-        int tile, n_tiles;
-    } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
-    auto open_item = [&]() {  // from next.item on, the first item with tiles
-        for (; next.item < work.n_items; next.item += gridDim.x) {
-            const int64_t t = work.at(next.item).token;
-            next.n_slots = work.slots_of(t);
-            next.n_tiles = work.tiles_of(next.n_slots);
-            next.idx_row = p.indices + t * p.indices_stride_s;
-            next.tile = 0;
-            if (next.n_tiles > 0) return;
-        }
-    };
+    UnitCursor<1> next{blockIdx.x};
     // the indices of this thread's two slots in the cursor's tile (-1 past n_slots; a pair, not an
     // array: an array indexed in a loop would go to memory), loaded a gather ahead and checked
     // only there, to hide the latency
     auto tile_indices = [&]() {
-        const int64_t slot = static_cast<int64_t>(next.tile) * kSlotsPerTile + row;
-        auto index = [&](int64_t s) { return s < next.n_slots ? next.idx_row[s] : -1; };
-        return next.item < work.n_items ? make_int2(index(slot), index(slot + kHalfSlots)) : make_int2(-1, -1);
+        const int64_t slot = next.slot(row);
+        return !next.done(work) ? make_int2(next.index(slot), next.index(slot + kHalfSlots)) : make_int2(-1, -1);
     };
     // the validity of this thread's two slots in each landing buffer, posted to the consumers only
     // when the tile is announced: the flags of a buffer are then rewritten long after the
@@ -188,19 +208,16 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // Tile i + kBuffers - 1 is gathered while tile i is computed. One cp.async group per
     // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
     // of the consumers is waited for exactly once.
-    open_item();
+    next.open(p, work);
     int2 next_indices = tile_indices();
     int n_gathered = 0;
     auto gather_next = [&]() {
-        if (next.item >= work.n_items) {
+        if (next.done(work)) {
             cute::cp_async_fence();
             return;
         }
         const int2 indices = next_indices;
-        if (++next.tile == next.n_tiles) {
-            next.item += gridDim.x;
-            open_item();
-        }
+        next.advance(p, work);
         next_indices = tile_indices();
         gather(n_gathered++ % kBuffers, indices);
     };

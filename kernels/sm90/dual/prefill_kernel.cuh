@@ -70,28 +70,11 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     const uint32_t row_chunk = sw64_chunk(row, part, kHalfSlots);
     const uint32_t landing0_shared = static_cast<uint32_t>(__cvta_generic_to_shared(landing0)) + row_chunk;
 
-    struct Cursor {
-        int64_t item, n_slots;
-        const int32_t* idx_row;
-        int half, n_halves;
-    } next{static_cast<int64_t>(blockIdx.x), 0, nullptr, 0, 0};
-    auto open_item = [&]() {  // from next.item on, the first item with tiles
-        for (; next.item < work.n_items; next.item += gridDim.x) {
-            const int64_t t = work.at(next.item).token;
-            next.n_slots = work.slots_of(t);
-            next.n_halves = 2 * work.tiles_of(next.n_slots);
-            next.idx_row = p.indices + t * p.indices_stride_s;
-            next.half = 0;
-            if (next.n_halves > 0) return;
-        }
-    };
+    // This CTA's half tiles in order, across its items: the cursor of the next one to gather.
+    UnitCursor<kSlotsPerTile / kHalfSlots> next{blockIdx.x};
     // the index of this thread's row in the cursor's half tile (-1 past n_slots), loaded a gather
     // ahead to hide its latency
-    auto half_index = [&]() -> int32_t {
-        if (next.item >= work.n_items) return -1;
-        const int64_t slot = static_cast<int64_t>(next.half) * kHalfSlots + row;
-        return slot < next.n_slots ? next.idx_row[slot] : -1;
-    };
+    auto half_index = [&]() -> int32_t { return next.done(work) ? -1 : next.index(next.slot(row)); };
     auto gather = [&](int buffer, int32_t j) {
         const bool valid = work.in_range(j);
         // an invalid row is zero-filled: cp.async then reads nothing at src
@@ -116,19 +99,16 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
     // tile (empty past the last), so that a fixed wait count finds half tile c landed; each thread
     // converts only the chunks it gathered. Every arrival of the consumer is waited for exactly once.
-    open_item();
+    next.open(p, work);
     int32_t next_j = half_index();
     int n_gathered = 0;
     auto gather_next = [&]() {
-        if (next.item >= work.n_items) {
+        if (next.done(work)) {
             cute::cp_async_fence();
             return;
         }
         const int32_t j = next_j;
-        if (++next.half == next.n_halves) {
-            next.item += gridDim.x;
-            open_item();
-        }
+        next.advance(p, work);
         next_j = half_index();
         gather(n_gathered++ % kBuffers, j);
     };
