@@ -1,7 +1,7 @@
 // The work the SM90 prefill kernels share: their items (a token and a block of heads) on a persistent
-// grid, the slots of a token, Q's and V's copies, and the producer warpgroup of the 64-head, wide and
-// split kernels, which gathers the kv tiles and converts their V to fp16 (the dual kernel's works on
-// half tiles: dual/).
+// grid, the slots of a token, Q's and V's copies, a producer's cursor over its units across items, and
+// the producer warpgroup of the 64-head, wide and split kernels, which gathers the kv tiles and
+// converts their V to fp16 (the dual kernel's works on half tiles: dual/).
 #pragma once
 
 #include <stdint.h>
