@@ -112,12 +112,28 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         next_j = half_index();
         gather(n_gathered++ % kBuffers, j);
     };
+    // Half tile c is announced once it has landed. With three buffers that is an iteration early,
+    // before c - 1's conversion (which waits for P.V of c - 2), so that QK^T of c does not wait for
+    // it; with two, c has just been gathered then.
+    auto announce = [&](int c) {
+        fence_for_tensor_cores();
+        bar_arrive(kLandingFullBar0 + c % kBuffers, kThreads);
+    };
     for (int i = 0; i < kBuffers - 1; ++i) gather_next();
+    if (kBuffers >= 3 && n_gathered >= 1) {
+        cute::cp_async_wait<kBuffers - 2>();
+        announce(0);
+    }
     for (int c = 0; c < n_gathered; ++c) {
         const int buffer = c % kBuffers;
-        cute::cp_async_wait<kBuffers - 2>();
-        fence_for_tensor_cores();
-        bar_arrive(kLandingFullBar0 + buffer, kThreads);
+        if constexpr (kBuffers >= 3) {
+            // every group up to c + 1's (gathered an iteration ago)
+            cute::cp_async_wait<kBuffers - 3>();
+            if (c + 1 < n_gathered) announce(c + 1);
+        } else {
+            cute::cp_async_wait<kBuffers - 2>();
+            announce(c);
+        }
         if (c >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of c - 1 has read the fp16 half tile
         convert_v(buffer);
         fence_for_tensor_cores();
