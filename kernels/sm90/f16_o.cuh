@@ -171,20 +171,14 @@ __device__ inline uint32_t bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-// Where an item's end reads the Q rows of its exact max: global memory, or the item's Q tile
-// (SmemLayouts' E4m3) when the caller keeps it until then (one fewer round trip, no registers).
-struct QFromGlobal {};
-struct QFromTile {
-    const uint8_t* tile;
-};
-
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
-// of this thread) in f16: out, then max_logits and lse.
-template <int D, class QRows>
+// of this thread) in f16: out, then max_logits and lse. The exact max reads its Q rows from q_tile,
+// the item's Q tile (SmemLayouts' E4m3), which the caller keeps until then (one fewer round trip
+// than global memory, no registers: PERF.md, v19).
+template <int D>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
                                   int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,
-                                  const F16O& o, float p_shift, int row0, int tig, QRows q_rows) {
-    constexpr bool kQFromTile = std::is_same_v<QRows, QFromTile>;
+                                  const F16O& o, float p_shift, int row0, int tig, const uint8_t* q_tile) {
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
     // sums of the e4m3 products) and its exact term replaces its tensor-core one in the sum. The
@@ -216,25 +210,19 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
     // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
     // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).
     constexpr int kChunksPerThread = kChunks / 4;
-    uint4 kc[2][kChunksPerThread], qc[2][kChunksPerThread];
+    uint4 kc[2][kChunksPerThread];
     // a row is read only when it is real and has a valid max slot; otherwise the loads read the
-    // token's first q row in its place (unconditional loads keep kc and qc in registers)
+    // token's first q row in its place (unconditional loads keep kc in registers)
     bool exact[2];
     const uint8_t* kv_row[2];
-    const uint8_t* q_row[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
         exact[r] = work.in_range(j_max[r]);
-        const uint8_t* q_token = p.q + t * p.q_stride_s;
-        q_row[r] = exact[r] ? q_token + (head0 + row0 + 8 * r) * p.q_stride_h : q_token;
-        kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s : q_token;
+        kv_row[r] = exact[r] ? p.kv + j_max[r] * p.kv_stride_s : p.q + t * p.q_stride_s;
     }
     auto load_rows = [&](auto aligned) {
         CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            load_quad_share(kc[r], kv_row[r], tig, aligned);
-            if constexpr (!kQFromTile) load_quad_share(qc[r], q_row[r], tig, aligned);
-        }
+        for (int r = 0; r < 2; ++r) load_quad_share(kc[r], kv_row[r], tig, aligned);
     };
     if (p.rows_16b_aligned) load_rows(std::true_type{});
     else load_rows(std::false_type{});
@@ -243,10 +231,9 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
         float exact_max = 0.f;
         if (exact[r]) {
             CUTE_UNROLL
-            for (int m = 0; m < kChunksPerThread; ++m) {
-                if constexpr (kQFromTile) qc[r][m] = *reinterpret_cast<const uint4*>(q_rows.tile + sw64_chunk(row0 + 8 * r, tig + 4 * m));
-                exact_max = dot_e4m3x16(qc[r][m], kc[r][m], exact_max);
-            }
+            for (int m = 0; m < kChunksPerThread; ++m)
+                exact_max = dot_e4m3x16(*reinterpret_cast<const uint4*>(q_tile + sw64_chunk(row0 + 8 * r, tig + 4 * m)),
+                                        kc[r][m], exact_max);
         }
         exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
         const int64_t h = head0 + row0 + 8 * r;

@@ -34,6 +34,8 @@ struct WorkItems {
         return len < 0 ? 0 : (len < p.topk ? len : p.topk);
     }
     __device__ static int tiles_of(int64_t n_slots) { return static_cast<int>((n_slots + kSlotsPerTile - 1) / kSlotsPerTile); }
+    // token t's row of indices
+    __device__ const int32_t* indices_of(int64_t t) const { return p.indices + t * p.indices_stride_s; }
     __device__ bool in_range(int32_t j) const { return j >= 0 && j < p.s_kv; }
     // whether slot `slot` of a token (its indices at idx_row, n_slots of them) names a kv row
     __device__ bool valid_slot(const int32_t* idx_row, int64_t n_slots, int64_t slot) const {
@@ -107,22 +109,22 @@ struct UnitCursor {
 
     __device__ bool done(const WorkItems& work) const { return item >= work.n_items; }
     // on to the next unit: past an item's last, the next item with units
-    __device__ void advance(const SparseMlaParams& p, const WorkItems& work) {
+    __device__ void advance(const WorkItems& work) {
         if (++unit == n_units) {
             item += gridDim.x;
-            open(p, work);
+            open(work);
         }
     }
     // the item's slot of the unit's row, and a slot's index (-1 past the item's slots)
     __device__ int64_t slot(int row) const { return static_cast<int64_t>(unit) * kUnitSlots + row; }
     __device__ int32_t index(int64_t s) const { return s < n_slots ? idx_row[s] : -1; }
     // from item on, the first item with units
-    __device__ void open(const SparseMlaParams& p, const WorkItems& work) {
+    __device__ void open(const WorkItems& work) {
         for (; item < work.n_items; item += gridDim.x) {
             const int64_t t = work.at(item).token;
             n_slots = work.slots_of(t);
             n_units = kUnitsPerTile * work.tiles_of(n_slots);
-            idx_row = p.indices + t * p.indices_stride_s;
+            idx_row = work.indices_of(t);
             unit = 0;
             if (n_units > 0) return;
         }
@@ -208,7 +210,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // Tile i + kBuffers - 1 is gathered while tile i is computed. One cp.async group per
     // tile (empty past the last), so that a fixed wait count finds tile i landed. Every arrival
     // of the consumers is waited for exactly once.
-    next.open(p, work);
+    next.open(work);
     int2 next_indices = tile_indices();
     int n_gathered = 0;
     auto gather_next = [&]() {
@@ -217,7 +219,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             return;
         }
         const int2 indices = next_indices;
-        next.advance(p, work);
+        next.advance(work);
         next_indices = tile_indices();
         gather(n_gathered++ % kBuffers, indices);
     };

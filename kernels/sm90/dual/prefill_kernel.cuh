@@ -99,7 +99,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
     // tile (empty past the last), so that a fixed wait count finds half tile c landed; each thread
     // converts only the chunks it gathered. Every arrival of the consumer is waited for exactly once.
-    next.open(p, work);
+    next.open(work);
     int32_t next_j = half_index();
     int n_gathered = 0;
     auto gather_next = [&]() {
@@ -108,7 +108,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             return;
         }
         const int32_t j = next_j;
-        next.advance(p, work);
+        next.advance(work);
         next_j = half_index();
         gather(n_gathered++ % kBuffers, j);
     };
@@ -198,7 +198,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const auto [t, head0] = work.at(item);
         const int64_t n_slots = work.slots_of(t);
         const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const int32_t* idx_row = work.indices_of(t);
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
@@ -231,7 +231,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromTile{q_tile});
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile);
         bar_sync(kQBar, kConsumerThreads);  // every row of Q read
         if (more) load_q(item + gridDim.x);
     }

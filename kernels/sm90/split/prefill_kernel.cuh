@@ -125,7 +125,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const int64_t t = at.token, head0 = at.head0;
         const int64_t n_slots = work.slots_of(t);
         const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const int32_t* idx_row = work.indices_of(t);
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();

@@ -130,7 +130,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const int64_t head0 = head_pair0 + wg * kHeadsPerWg;  // this warpgroup's first head
         const int64_t n_slots = work.slots_of(t);
         const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = p.indices + t * p.indices_stride_s;
+        const int32_t* idx_row = work.indices_of(t);
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
@@ -163,7 +163,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, QFromTile{q_tile + wg * kHeadsPerWg * D});
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D);
         bar_sync(kQBar0 + wg, kWarpgroupThreads);
         if (more) load_q(item + gridDim.x);
     }
