@@ -10,9 +10,13 @@ dims=${SPARSE_MLA_HEAD_DIMS:-512;576}
 python3 -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 rm -rf dist
-"$venv/bin/python" -m pip wheel -q --no-deps -w dist "$@" .
+log=$(mktemp)
+"$venv/bin/python" -m pip wheel -v --no-deps -w dist "$@" . > "$log" 2>&1 || { tail -40 "$log"; exit 1; }
 wheel=$(ls dist/sparse_mla_fp8-*.whl)
 echo "built $wheel"
+# ptxas serializes a kernel's wgmmas when it runs short of registers for them (its C7512 info): 30%
+# slower in one trial (kernels/sm90/PERF.md, v22), and silent otherwise
+if grep "wgmma.mma_async instructions are serialized" "$log"; then echo "ptxas serialized wgmmas"; exit 1; fi
 
 listing=$("$venv/bin/python" -m zipfile -l "$wheel")
 grep -q "sparse_mla_fp8/_manifest.json" <<<"$listing" || { echo "no manifest in $wheel"; exit 1; }

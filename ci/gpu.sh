@@ -17,7 +17,7 @@ if step build; then
   if compgen -G ".whl/*.whl" > /dev/null; then python3 -m pip install -q --no-index --no-deps .whl/*.whl; fi
   python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1
   record $? build
-  grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c
+  grep -E "registers|spill|serialized" "$OUT/build.log" | sort | uniq -c
   # The matrix work must be Hopper's warpgroup MMA (QGMMA for fp8, HGMMA for fp16), not HMMA/FFMA.
   for f in $(python3 -c "import sparse_mla_fp8; print(' '.join(c['fatbin'] for c in sparse_mla_fp8.capabilities()))" | tr ' ' '\n' | sort -u); do
     echo "$(basename "$f"): $(cuobjdump --dump-sass "$f" | grep -oE '\b(QGMMA|HGMMA|HMMA|QMMA)[.A-Z0-9]*' | sort | uniq -c | tr -s ' \n' ' ')"

@@ -68,16 +68,31 @@ __device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
     return d;
 }
 
+// What qk_promoted issues inside its K steps when the P.V before it is waited for whole: nothing.
+struct NoPvPiece {
+    __device__ void operator()(int) const {}
+};
+
 // S = Q K^T of 64 heads x 32 slots over all of d_qk by FP8 wgmma (m64n32k32), promoted per K step:
 // each step's wgmma starts from zero into one of kQkSets register sets and is added into s in fp32
-// while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). after_wait() runs
-// at the third K step, after a wait for every wgmma of the warpgroup, so also for the P.V issued
-// before (ptxas serializes the wgmmas when that P.V is waited for with a partial count).
+// while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). The P.V before it
+// takes one of two ways:
+//   - kPvPieces == 0: it was issued whole, before. after_wait() runs at the third K step, after a
+//     wait for every wgmma of the warpgroup, so also for that P.V (ptxas serializes the wgmmas when
+//     a P.V issued whole is waited for with a partial count);
+//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 1,
+//     where it keeps the tensor cores busy between K steps instead of holding the first K steps back
+//     (PERF.md, v22). after_wait() runs once the wait of a K step has covered the last piece.
 // kKRows: the rows of the tile that k_desc names (Q has 64).
-template <int D, int kKRows = kSlotsPerTile, int kAcc, class AfterWait>
-__device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait) {
+template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kAcc, class AfterWait, class PvPiece = NoPvPiece>
+__device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait,
+                                   PvPiece pv_piece = {}) {
     constexpr int kKSteps = D / kKStep;
+    constexpr int kPvPieceStride = 4;
+    // the K step whose wait (two steps on) covers the last piece, or the third
+    constexpr int kAfterWaitStep = kPvPieces == 0 ? 2 : kPvPieceStride * (kPvPieces - 1) + 1 + 2;
     static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
+    static_assert(kAfterWaitStep <= kKSteps, "every P.V piece is waited for inside QK^T");
     float part[kQkSets][kAcc];
     auto issue = [&](int ks) {
         CUTE_UNROLL
@@ -85,6 +100,7 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
         cute::warpgroup_arrive();
         wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
                         cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
+        if (ks % kPvPieceStride == 1 && ks / kPvPieceStride < kPvPieces) pv_piece(ks / kPvPieceStride);
         cute::warpgroup_commit_batch();
     };
     auto add = [&](int ks) {
@@ -99,14 +115,14 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
     CUTE_UNROLL
     for (int ks = 2; ks <= kKSteps; ++ks) {
         if (ks < kKSteps) issue(ks);
-        if (ks == 2) {
+        if (ks == 2 && kPvPieces == 0) {
             cute::warpgroup_wait<0>();
-            after_wait();
         } else if (ks < kKSteps) {
             cute::warpgroup_wait<2>();
         } else {
             cute::warpgroup_wait<1>();
         }
+        if (ks == kAfterWaitStep) after_wait();
         add(ks - 2);
     }
     cute::warpgroup_wait<0>();

@@ -67,14 +67,22 @@ struct PvOperandB {
     }
 };
 
-// O += P V over half tile h (slots 32 h .. 32 h + 31, two k16 chunks), issued without waiting.
+// P.V of a half tile is kPvPieces wgmmas: its two k16 chunks of slots times O's two 256-column halves.
+constexpr int kPvPieces = 4;
+
+// Piece i of O += P V over half tile h (slots 32 h .. 32 h + 31): chunk i / 2 into O's half i % 2,
+// issued into the caller's commit group.
+__device__ inline void pv_piece(const uint32_t (&pr)[8], const PvOperandB& v, int h, int i, F16O& o) {
+    const int c = i / 2, n = i % 2;
+    wgmma_pv(&pr[4 * c], v.at(n, 2 * h + c), o[n], std::make_index_sequence<64>{});
+}
+
+// O += P V over half tile h, issued whole without waiting.
 __device__ inline void pv_half(const uint32_t (&pr)[8], const PvOperandB& v, int h, F16O& o) {
     each_word(o, [](uint32_t& x) { cute::warpgroup_fence_operand(x); });
     cute::warpgroup_arrive();
     CUTE_UNROLL
-    for (int c = 0; c < 2; ++c)
-        CUTE_UNROLL
-        for (int n = 0; n < 2; ++n) wgmma_pv(&pr[4 * c], v.at(n, 2 * h + c), o[n], std::make_index_sequence<64>{});
+    for (int i = 0; i < kPvPieces; ++i) pv_piece(pr, v, h, i, o);
     cute::warpgroup_commit_batch();
 }
 

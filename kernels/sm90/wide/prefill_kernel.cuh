@@ -16,7 +16,9 @@
 //   4. online softmax in base 2 on the half tile; the slot of each logit rides in its 6 lowest
 //      mantissa bits, so the running maximum names its slot. P (fp16, scaled by 2^-p_shift) stays in
 //      registers as the A of P.V, and O accumulates in f16 registers over all 512 columns: wgmma's f16
-//      accumulator rounds to nearest, which keeps out within ~2.3e-3 up to wide::kMaxTopk slots;
+//      accumulator rounds to nearest, which keeps out within ~2.3e-3 up to wide::kMaxTopk slots.
+//      P.V is issued in pieces inside the next half's QK^T, between its K steps, where it fills the
+//      tensor cores that the K steps' promotion leaves idle;
 //   5. at the end, max_logits is recomputed exactly (fp32 sums of the e4m3 products) for the slot
 //      that the running maximum names, and that exact term replaces its own in the sum behind lse.
 // The grid is persistent (one CTA per SM, items taken in turn): the producer's stream of tiles runs
@@ -144,22 +146,33 @@ __device__ void prefill(const SparseMlaParams& p) {
             CUTE_UNROLL
             for (int h = 0; h < 2; ++h) {
                 float s[kAcc] = {};
-                qk_promoted<D>(q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
-                    // the previous half's P.V, issued last, is done now
-                    each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-                    // its half of the fp16 tile is free: half 0 (this tile's) under the second half's
-                    // QK^T, half 1 (the previous tile's) under the next tile's first
-                    if (h == 1 || tile > 0) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
-                });
+                // the previous half's P.V rides in this QK^T's K steps (7% faster than issuing it
+                // whole after the softmax: PERF.md, v22)
+                const bool pv_before = h == 1 || tile > 0;
+                qk_promoted<D, kSlotsPerTile, kPvPieces>(
+                    q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s,
+                    [&] {
+                        // that P.V is done now
+                        each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
+                        // its half of the fp16 tile is free: half 0 (this tile's) under the second
+                        // half's QK^T, half 1 (the previous tile's) under the next tile's first
+                        if (pv_before) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
+                    },
+                    [&](int i) {
+                        if (!pv_before) return;
+                        CUTE_UNROLL
+                        for (int j = 0; j < 64; ++j) warpgroup_fence_operand(o[i % 2][j]);
+                        pv_piece(pr[h ^ 1], v_b, h ^ 1, i, o);
+                    });
                 if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
                 // online softmax, base 2, on this half's 32 slots
                 rows.softmax_half(s, slot_valid[buffer][h], h, tile, tig, scale.logit, p_shift, o, pr[h]);
 
                 bar_sync(kV16FullBar0 + kConsumerWarpgroups * h + wg, kPairThreads);  // V of this half tile
-                pv_half(pr[h], v_b, h, o);
             }
         }
+        if (n_tiles > 0) pv_half(pr[1], v_b, 1, o);  // the last half's P.V has no QK^T after it
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
