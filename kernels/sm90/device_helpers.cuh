@@ -80,17 +80,18 @@ struct NoPvPiece {
 //   - kPvPieces == 0: it was issued whole, before. after_wait() runs at the third K step, after a
 //     wait for every wgmma of the warpgroup, so also for that P.V (ptxas serializes the wgmmas when
 //     a P.V issued whole is waited for with a partial count);
-//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 1,
+//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 2,
 //     where it keeps the tensor cores busy between K steps instead of holding the first K steps back
-//     (PERF.md, v22). after_wait() runs once the wait of a K step has covered the last piece.
+//     (PERF.md, v22; ptxas serializes every wgmma for some other steps). after_wait() runs once the
+//     wait of a K step has covered the last piece.
 // kKRows: the rows of the tile that k_desc names (Q has 64).
 template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kAcc, class AfterWait, class PvPiece = NoPvPiece>
 __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait,
                                    PvPiece pv_piece = {}) {
     constexpr int kKSteps = D / kKStep;
-    constexpr int kPvPieceStride = 4;
+    constexpr int kPvPieceStride = 4, kPvFirstStep = 2;
     // the K step whose wait (two steps on) covers the last piece, or the third
-    constexpr int kAfterWaitStep = kPvPieces == 0 ? 2 : kPvPieceStride * (kPvPieces - 1) + 1 + 2;
+    constexpr int kAfterWaitStep = kPvPieces == 0 ? 2 : kPvPieceStride * (kPvPieces - 1) + kPvFirstStep + 2;
     static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
     static_assert(kAfterWaitStep <= kKSteps, "every P.V piece is waited for inside QK^T");
     float part[kQkSets][kAcc];
@@ -100,7 +101,7 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
         cute::warpgroup_arrive();
         wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
                         cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
-        if (ks % kPvPieceStride == 1 && ks / kPvPieceStride < kPvPieces) pv_piece(ks / kPvPieceStride);
+        if (ks % kPvPieceStride == kPvFirstStep && ks / kPvPieceStride < kPvPieces) pv_piece(ks / kPvPieceStride);
         cute::warpgroup_commit_batch();
     };
     auto add = [&](int ks) {
