@@ -146,7 +146,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             CUTE_UNROLL
             for (int h = 0; h < 2; ++h) {
                 float s[kAcc] = {};
-                // the previous half's P.V rides in this QK^T's K steps (7% faster than issuing it
+                // the previous half's P.V rides in this QK^T's K steps (6-9% faster than issuing it
                 // whole after the softmax: PERF.md, v22)
                 const bool pv_before = h == 1 || tile > 0;
                 qk_promoted<D, kSlotsPerTile, kPvPieces>(
