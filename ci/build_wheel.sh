@@ -11,6 +11,7 @@ python3 -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 rm -rf dist
 log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 "$venv/bin/python" -m pip wheel -v --no-deps -w dist "$@" . > "$log" 2>&1 || { tail -40 "$log"; exit 1; }
 wheel=$(ls dist/sparse_mla_fp8-*.whl)
 echo "built $wheel"

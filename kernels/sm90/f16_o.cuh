@@ -74,12 +74,13 @@ constexpr int kPvPieces = 4;
 // issued into the caller's commit group.
 __device__ inline void pv_piece(const uint32_t (&pr)[8], const PvOperandB& v, int h, int i, F16O& o) {
     const int c = i / 2, n = i % 2;
+    CUTE_UNROLL
+    for (int j = 0; j < 64; ++j) cute::warpgroup_fence_operand(o[n][j]);
     wgmma_pv(&pr[4 * c], v.at(n, 2 * h + c), o[n], std::make_index_sequence<64>{});
 }
 
 // O += P V over half tile h, issued whole without waiting.
 __device__ inline void pv_half(const uint32_t (&pr)[8], const PvOperandB& v, int h, F16O& o) {
-    each_word(o, [](uint32_t& x) { cute::warpgroup_fence_operand(x); });
     cute::warpgroup_arrive();
     CUTE_UNROLL
     for (int i = 0; i < kPvPieces; ++i) pv_piece(pr, v, h, i, o);

@@ -159,10 +159,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                         if (pv_before) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
                     },
                     [&](int i) {
-                        if (!pv_before) return;
-                        CUTE_UNROLL
-                        for (int j = 0; j < 64; ++j) warpgroup_fence_operand(o[i % 2][j]);
-                        pv_piece(pr[h ^ 1], v_b, h ^ 1, i, o);
+                        if (pv_before) pv_piece(pr[h ^ 1], v_b, h ^ 1, i, o);
                     });
                 if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
 
