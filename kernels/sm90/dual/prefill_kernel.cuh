@@ -120,9 +120,11 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         bar_arrive(kLandingFullBar0 + c % kBuffers, kThreads);
     };
     for (int i = 0; i < kBuffers - 1; ++i) gather_next();
-    if (kBuffers >= 3 && n_gathered >= 1) {
-        cute::cp_async_wait<kBuffers - 2>();
-        announce(0);
+    if constexpr (kBuffers >= 3) {
+        if (n_gathered >= 1) {
+            cute::cp_async_wait<kBuffers - 2>();
+            announce(0);
+        }
     }
     for (int c = 0; c < n_gathered; ++c) {
         const int buffer = c % kBuffers;
