@@ -1,8 +1,9 @@
-// sparse_mla_fp8._C: DLPack arrays in, SparseMlaParams out, then the CPU path or a GPU launch.
+// sparse_mla_fp8._C: DLPack arrays in, the call checked (validate.h), then the CPU path or a GPU launch.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "arrays.h"
 #include "cpu/prefill_cpu.h"
@@ -12,25 +13,61 @@
 
 namespace {
 
-void prefill(InArray q, InArray kv, InArray indices, double sm_scale, nb::object q_scale, nb::object kv_scale,
-             std::optional<InArray> attn_sink, std::optional<InArray> topk_length, OutArray out, OutArray max_logits,
-             OutArray lse, uintptr_t stream, const std::string& fatbin, const std::string& kernel) {
-    PrefillArgs args{q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale};
-    Device device;
-    const SparseMlaParams p = make_params(args, &device);
+// prefill()'s arguments as the plain call that check_call reads; Arrays: DLPackArrays or AbstractArrays.
+template <class Arrays>
+sparse_mla::PrefillCall describe(Arrays& arrays, nb::handle q, nb::handle kv, nb::handle indices, double sm_scale,
+                                 nb::handle q_scale, nb::handle kv_scale, nb::handle attn_sink, nb::handle topk_length,
+                                 nb::handle out, nb::handle max_logits, nb::handle lse, int64_t d_v,
+                                 nb::handle precision) {
+    sparse_mla::PrefillCall c;
+    c.q = arrays.input(q, "q");
+    c.kv = arrays.input(kv, "kv");
+    c.indices = arrays.input(indices, "indices");
+    c.q_scale = arrays.scale(q_scale, "q_scale");
+    c.kv_scale = arrays.scale(kv_scale, "kv_scale");
+    c.attn_sink = arrays.optional_input(attn_sink, "attn_sink");
+    c.topk_length = arrays.optional_input(topk_length, "topk_length");
+    c.out = arrays.output(out, "out");
+    c.max_logits = arrays.output(max_logits, "max_logits");
+    c.lse = arrays.output(lse, "lse");
+    c.sm_scale = sm_scale;
+    c.d_v = d_v;
+    c.precision = precision_arg(precision);
+    return c;
+}
+
+void prefill(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, nb::handle q_scale, nb::handle kv_scale,
+             nb::handle attn_sink, nb::handle topk_length, nb::handle out, nb::handle max_logits, nb::handle lse,
+             uintptr_t stream, const std::string& fatbin, const std::string& kernel, int64_t d_v,
+             nb::handle precision) {
+    if (out.is_none() || max_logits.is_none() || lse.is_none())
+        throw nb::type_error("out, max_logits and lse must be arrays: _C.prefill writes into them");
+    DLPackArrays arrays;
+    const sparse_mla::CheckedCall checked = sparse_mla::check_call(
+        describe(arrays, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, d_v,
+                 precision));
+    const SparseMlaParams& p = checked.params;
     if (p.s_q == 0) return;
-    if (device.type == nb::device::cpu::value) {
+    if (checked.device.type == sparse_mla::kDeviceCpu) {
         nb::gil_scoped_release unlocked;
-        sparse_mla_prefill_cpu(p);
+        sparse_mla_prefill_cpu(p);  // exact whatever the precision
         return;
     }
 #if SPARSE_MLA_WITH_CUDA
     if (fatbin.empty()) throw nb::value_error("no compiled kernel was named for this CUDA call");
-    launch_prefill(p, device.id, stream, fatbin, kernel);
+    launch_prefill(p, checked.device.id, stream, fatbin, kernel);
 #else
-    (void)stream, (void)kernel;
+    (void)stream, (void)fatbin, (void)kernel;
     throw nb::value_error("sparse_mla_fp8 was built without CUDA (no nvcc at build time): only CPU arrays are accepted");
 #endif
+}
+
+void check(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, nb::handle q_scale, nb::handle kv_scale,
+           nb::handle attn_sink, nb::handle topk_length, nb::handle out, nb::handle max_logits, nb::handle lse,
+           int64_t d_v, nb::handle precision) {
+    AbstractArrays arrays;
+    sparse_mla::check_call(describe(arrays, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
+                                    max_logits, lse, d_v, precision));
 }
 
 nb::list devices() {
@@ -52,11 +89,26 @@ nb::list devices() {
 }  // namespace
 
 NB_MODULE(_C, m) {
+    register_argument_errors();
     m.attr("HAS_CUDA") = bool(SPARSE_MLA_WITH_CUDA);
+    m.attr("D_V") = sparse_mla::kDv;
     m.def("prefill", &prefill, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"),
           nb::arg("q_scale"), nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(),
-          nb::arg("out"), nb::arg("max_logits"), nb::arg("lse"), nb::arg("stream"), nb::arg("fatbin"),
-          nb::arg("kernel"),
-          "Checks the arrays and runs the prefill on their device; see sparse_mla_fp8.prefill.");
+          nb::arg("out").none(), nb::arg("max_logits").none(), nb::arg("lse").none(), nb::arg("stream"),
+          nb::arg("fatbin"), nb::arg("kernel"), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
+          nb::arg("precision").none() = nb::none(),
+          "Checks the call (every refusal of the contract) and runs the prefill on the arrays' device; see "
+          "sparse_mla_fp8.prefill.");
+    m.def("check", &check, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("q_scale"),
+          nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(), nb::arg("out").none(),
+          nb::arg("max_logits").none(), nb::arg("lse").none(), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
+          nb::arg("precision").none() = nb::none(),
+          "prefill's checks on shapes and dtypes alone: the arrays are anything with .shape and .dtype (JAX's and "
+          "torch's tracers included), the outputs may be None; the checks of pointers, devices and overlap wait "
+          "for prefill.");
+    m.def("check_dims", &sparse_mla::check_dims, nb::arg("d_qk"), nb::arg("d_v"),
+          "Raises prefill's ValueError for head dims that this build has no kernel for.");
+    m.def("head_dims", [] { return std::vector<int64_t>(std::begin(sparse_mla::kHeadDims), std::end(sparse_mla::kHeadDims)); },
+          "The head dims (d_qk) this module was compiled for.");
     m.def("cuda_devices", &devices, "The CUDA devices as dicts; raises RuntimeError without a usable driver.");
 }
