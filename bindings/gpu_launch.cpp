@@ -6,11 +6,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "sm90/config.h"
-#include "sm90/dual/config.h"
-#include "sm90/split/config.h"
-#include "sm90/wide/config.h"
-
 namespace {
 
 void check(cudaError_t err, const char* what) {
@@ -18,22 +13,28 @@ void check(cudaError_t err, const char* what) {
         throw std::runtime_error(std::string("sparse_mla_fp8: ") + what + ": " + cudaGetErrorString(err));
 }
 
+std::string kernel_dir;  // set once (set_kernel_dir)
+
+// The registry's kernel k for d_qk, from its d_qk's fatbin; the names are built only on a cache miss.
 // Called with the GIL held, so the caches need no lock of their own.
-cudaKernel_t get_kernel(const std::string& fatbin, const std::string& name) {
-    static std::map<std::pair<std::string, std::string>, cudaKernel_t> kernels;
-    static std::map<std::string, cudaLibrary_t> libraries;
-    auto found = kernels.find({fatbin, name});
+cudaKernel_t get_kernel(int64_t d_qk, const sparse_mla::KernelSpec& k) {
+    static std::map<std::pair<int64_t, const sparse_mla::KernelSpec*>, cudaKernel_t> kernels;
+    static std::map<int64_t, cudaLibrary_t> libraries;
+    auto found = kernels.find({d_qk, &k});
     if (found != kernels.end()) return found->second;
-    auto lib = libraries.find(fatbin);
+    if (kernel_dir.empty()) throw std::logic_error("sparse_mla_fp8: set_kernel_dir() was not called before a launch");
+    const std::string fatbin = kernel_dir + "/" SPARSE_MLA_FATBIN_PREFIX + std::to_string(d_qk) + ".fatbin";
+    auto lib = libraries.find(d_qk);
     if (lib == libraries.end()) {
         cudaLibrary_t l;
         check(cudaLibraryLoadFromFile(&l, fatbin.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0),
               ("loading " + fatbin).c_str());
-        lib = libraries.emplace(fatbin, l).first;
+        lib = libraries.emplace(d_qk, l).first;
     }
-    cudaKernel_t k;
-    check(cudaLibraryGetKernel(&k, lib->second, name.c_str()), ("finding " + name + " in " + fatbin).c_str());
-    return kernels.emplace(std::make_pair(fatbin, name), k).first->second;
+    const std::string name = k.entry(d_qk);
+    cudaKernel_t kernel;
+    check(cudaLibraryGetKernel(&kernel, lib->second, name.c_str()), ("finding " + name + " in " + fatbin).c_str());
+    return kernels.emplace(std::make_pair(d_qk, &k), kernel).first->second;
 }
 
 // Makes the inputs' device current for the launch and restores the caller's afterwards (or when it
@@ -70,30 +71,21 @@ std::vector<CudaDeviceInfo> cuda_devices() {
     return out;
 }
 
-void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, const std::string& fatbin,
-                    const std::string& kernel_name) {
-    namespace cfg = sparse_mla::sm90;
+void set_kernel_dir(const std::string& dir) {
+    // the loaded fatbins are cached by d_qk: they must all come from one folder
+    if (!kernel_dir.empty() && dir != kernel_dir)
+        throw std::logic_error("sparse_mla_fp8: the kernel folder is " + kernel_dir + " already, not " + dir);
+    kernel_dir = dir;
+}
+
+void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, sparse_mla::Precision precision,
+                    const char* force_kernel) {
+    const sparse_mla::KernelSpec* k = force_kernel ? sparse_mla::kernel_named(force_kernel)
+                                                   : &sparse_mla::kernel_for(p.h_q, p.topk, precision);
+    if (k == nullptr) throw std::invalid_argument(std::string("sparse_mla_fp8: no kernel named ") + force_kernel);
     DeviceScope scope(device);
-    // the wide kernel (128 heads per CTA), the split one (64 heads, the slots split between the
-    // consumer warpgroups) or the dual one (two CTAs per SM) where it takes the call, else the 64-head one
-    struct Choice {
-        std::string suffix;
-        int smem;
-        int64_t head_blocks;
-        int threads, ctas_per_sm;
-    };
-    const int d_qk = static_cast<int>(p.d_qk);
-    const Choice choice =
-        cfg::wide::takes(p.h_q, p.topk)
-            ? Choice{cfg::wide::kKernelSuffix, cfg::wide::smem_bytes(d_qk), cfg::wide::head_blocks(p.h_q), cfg::kThreads, 1}
-        : cfg::split::takes(p.h_q, p.topk)
-            ? Choice{cfg::split::kKernelSuffix, cfg::split::smem_bytes(d_qk), cfg::split::head_blocks(p.h_q), cfg::kThreads, 1}
-        : cfg::dual::takes(p.h_q, p.topk)
-            ? Choice{cfg::dual::kKernelSuffix, cfg::dual::smem_bytes(d_qk), cfg::dual::head_blocks(p.h_q),
-                     cfg::dual::kThreads, cfg::dual::kCtasPerSm}
-            : Choice{"", cfg::smem_bytes(d_qk), cfg::head_blocks(p.h_q), cfg::kThreads, 1};
-    cudaKernel_t kernel = get_kernel(fatbin, kernel_name + choice.suffix);
-    const int smem = choice.smem;
+    cudaKernel_t kernel = get_kernel(p.d_qk, *k);
+    const int smem = k->smem_bytes(static_cast<int>(p.d_qk));
 
     // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
     // persistent grid (ctas_per_sm CTAs per SM, each with the shared memory that leaves it, taking
@@ -107,12 +99,12 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, cons
         check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
         configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
     }
-    const int64_t ctas = static_cast<int64_t>(configured->second) * choice.ctas_per_sm;
-    const int64_t items = p.s_q * choice.head_blocks;
+    const int64_t ctas = static_cast<int64_t>(configured->second) * k->ctas_per_sm;
+    const int64_t items = p.s_q * k->head_blocks(p.h_q);
     const dim3 grid(static_cast<unsigned>(items < ctas ? items : ctas));
     SparseMlaParams params = p;
     void* args[] = {&params};
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(choice.threads), args, smem,
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem,
                            reinterpret_cast<cudaStream_t>(stream)),
           "launching the prefill kernel");
 }

@@ -7,6 +7,7 @@
 
 #include "arrays.h"
 #include "cpu/prefill_cpu.h"
+#include "registry.h"
 #if SPARSE_MLA_WITH_CUDA
 #include "gpu_launch.h"
 #endif
@@ -38,10 +39,12 @@ sparse_mla::PrefillCall describe(Arrays& arrays, nb::handle q, nb::handle kv, nb
 
 void prefill(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, nb::handle q_scale, nb::handle kv_scale,
              nb::handle attn_sink, nb::handle topk_length, nb::handle out, nb::handle max_logits, nb::handle lse,
-             uintptr_t stream, const std::string& fatbin, const std::string& kernel, int64_t d_v,
+             uintptr_t stream, std::optional<std::string> force_kernel, int64_t d_v,
              nb::handle precision) {
     if (out.is_none() || max_logits.is_none() || lse.is_none())
         throw nb::type_error("out, max_logits and lse must be arrays: _C.prefill writes into them");
+    if (force_kernel && !sparse_mla::kernel_named(*force_kernel))
+        throw nb::value_error(("no kernel named " + *force_kernel + " in the registry").c_str());
     DLPackArrays arrays;
     const sparse_mla::CheckedCall checked = sparse_mla::check_call(
         describe(arrays, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, d_v,
@@ -49,15 +52,15 @@ void prefill(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, n
     const SparseMlaParams& p = checked.params;
     if (p.s_q == 0) return;
     if (checked.device.type == sparse_mla::kDeviceCpu) {
+        if (force_kernel) throw nb::value_error("force_kernel names a GPU kernel, but the arrays are on the CPU");
         nb::gil_scoped_release unlocked;
         sparse_mla_prefill_cpu(p);  // exact whatever the precision
         return;
     }
 #if SPARSE_MLA_WITH_CUDA
-    if (fatbin.empty()) throw nb::value_error("no compiled kernel was named for this CUDA call");
-    launch_prefill(p, checked.device.id, stream, fatbin, kernel);
+    launch_prefill(p, checked.device.id, stream, checked.precision, force_kernel ? force_kernel->c_str() : nullptr);
 #else
-    (void)stream, (void)fatbin, (void)kernel;
+    (void)stream;
     throw nb::value_error("sparse_mla_fp8 was built without CUDA (no nvcc at build time): only CPU arrays are accepted");
 #endif
 }
@@ -68,6 +71,12 @@ void check(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, nb:
     AbstractArrays arrays;
     sparse_mla::check_call(describe(arrays, q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, out,
                                     max_logits, lse, d_v, precision));
+}
+
+nb::list kernel_names() {
+    nb::list names;
+    for (const sparse_mla::KernelSpec& k : sparse_mla::kKernels) names.append(k.name);
+    return names;
 }
 
 nb::list devices() {
@@ -95,10 +104,11 @@ NB_MODULE(_C, m) {
     m.def("prefill", &prefill, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"),
           nb::arg("q_scale"), nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(),
           nb::arg("out").none(), nb::arg("max_logits").none(), nb::arg("lse").none(), nb::arg("stream"),
-          nb::arg("fatbin"), nb::arg("kernel"), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
+          nb::arg("force_kernel").none() = nb::none(), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
           nb::arg("precision").none() = nb::none(),
           "Checks the call (every refusal of the contract) and runs the prefill on the arrays' device; see "
-          "sparse_mla_fp8.prefill.");
+          "sparse_mla_fp8.prefill. On a GPU the registry chooses the kernel from the checked call "
+          "(force_kernel: run the kernel of that name instead, for the tests).");
     m.def("check", &check, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("q_scale"),
           nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(), nb::arg("out").none(),
           nb::arg("max_logits").none(), nb::arg("lse").none(), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
@@ -110,5 +120,18 @@ NB_MODULE(_C, m) {
           "Raises prefill's ValueError for head dims that this build has no kernel for.");
     m.def("head_dims", [] { return std::vector<int64_t>(std::begin(sparse_mla::kHeadDims), std::end(sparse_mla::kHeadDims)); },
           "The head dims (d_qk) this module was compiled for.");
+    m.def(
+        "kernel_for",
+        [](int64_t h_q, int64_t topk, nb::handle precision) {
+            return sparse_mla::kernel_for(h_q, topk, sparse_mla::check_precision(precision_arg(precision))).name;
+        },
+        nb::arg("h_q"), nb::arg("topk"), nb::arg("precision").none() = nb::none(),
+        "The name of the GPU kernel that runs a call with h_q heads and topk slots at this precision "
+        "(None: prefill's default).");
+    m.def("kernel_names", &kernel_names, "The registry's GPU kernels, in the order the launch tries them.");
+#if SPARSE_MLA_WITH_CUDA
+    m.def("set_kernel_dir", &set_kernel_dir, nb::arg("path"),
+          "The folder of the fatbins (" SPARSE_MLA_FATBIN_PREFIX "<d_qk>.fatbin); set once, before the first GPU call.");
+#endif
     m.def("cuda_devices", &devices, "The CUDA devices as dicts; raises RuntimeError without a usable driver.");
 }

@@ -1,20 +1,25 @@
 """Small prefills for compute-sanitizer: invalid and duplicate indices, a sink, topk_length, odd h_q/topk.
-h_q 70 runs the wide kernel (128 heads per CTA), h_q 16 and 40 the 64-head one, h_q 40 with topk
-1100 the split one and with topk 600 the dual one (two CTAs per SM). The 300- and 140-token
-configurations have more work items than SMs (the dual kernel's 300 more than its CTAs), so that
-CTAs of the persistent grid take several, some empty (token 2 has no slots, and CTA 2 takes token
-134 after it); a hazard may show only in some orders of events, so the wide kernel's runs on several
-seeds."""
+Each configuration names the kernel the registry runs it with (asserted), and every kernel of the
+registry also runs forced on one more. The 300- and 140-token configurations have more work items
+than SMs (the dual kernel's 300 more than its CTAs), so that CTAs of the persistent grid take
+several, some empty (token 2 has no slots, and CTA 2 takes token 134 after it); a hazard may show
+only in some orders of events, so the wide kernel's runs on several seeds."""
 import torch
 
 import sparse_mla_fp8
+from sparse_mla_fp8 import _C
 
 dev = torch.device("cuda")
 MULTI_ITEM_SEEDS = 4
-cases = [(576, 70, 100, 3, 0), (512, 16, 64, 3, 0), (512, 40, 100, 300, 0), (576, 40, 1100, 140, 0),
-         (512, 40, 600, 300, 0)]
-cases += [(576, 70, 100, 300, seed) for seed in range(MULTI_ITEM_SEEDS)]
-for d_qk, h_q, topk, s_q, seed in cases:
+# (d_qk, h_q, topk, s_q, seed, kernel, forced): forced runs the kernel, else it is the registry's choice
+cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "fallback", False),
+         (512, 40, 100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
+         (512, 40, 600, 300, 0, "dual", False)]
+cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
+cases += [(576, 70, 300, 140, 1, name, True) for name in _C.kernel_names()]
+for d_qk, h_q, topk, s_q, seed, kernel, forced in cases:
+    if not forced:
+        assert _C.kernel_for(h_q, topk, "exact") == kernel, (h_q, topk, kernel)
     torch.manual_seed(seed)
     s_kv = 200
     q = (torch.randn(s_q, h_q, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
@@ -24,7 +29,8 @@ for d_qk, h_q, topk, s_q, seed in cases:
     topk_length = torch.randint(0, topk + 1, (s_q,), device=dev, dtype=torch.int32)
     topk_length[:3] = torch.tensor([topk, topk // 2, 0], dtype=torch.int32)
     sink = torch.randn(h_q, device=dev)
-    out, max_logits, lse = sparse_mla_fp8.prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink, topk_length=topk_length)
+    out, max_logits, lse = sparse_mla_fp8.prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink, topk_length=topk_length,
+                                                  _force_kernel=kernel if forced else None)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
-print(f"sanitize case ran ({len(cases)} prefills)")
+print(f"sanitize case ran ({len(cases)} prefills; {', '.join(_C.kernel_names())} each forced once)")

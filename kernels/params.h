@@ -1,4 +1,5 @@
-// The only contract between the host and the kernels (GPU and CPU): a plain struct passed by value.
+// The call as the host hands it to a kernel (GPU and CPU), checked (bindings/arrays.cpp): a plain struct
+// passed by value. Which GPU kernel runs it is the registry's choice (kernels/registry.h).
 // Strides are in elements. Every pointer is on the device that runs the kernel.
 #pragma once
 #include <stdint.h>

@@ -272,10 +272,13 @@ def assert_matches(got, ref, tol):
     assert row_err.max() <= 10 * tol, f"out: worst row error {row_err.max():.3g} of a typical row norm"
 
 
-def run_and_check(backend, case, *, provide=True, api="prefill", tokens=slice(None)):
-    """Run case on backend, check the types, that provided buffers are the ones returned, and the values
-    of `tokens` (all by default) against the reference; returns the (out, max_logits, lse) it got."""
+def run_and_check(backend, case, *, provide=True, api="prefill", tokens=slice(None), force_kernel=None):
+    """Run case on backend (with the GPU kernel force_kernel, if given), check the types, that provided
+    buffers are the ones returned, and the values of `tokens` (all by default) against the reference;
+    returns the (out, max_logits, lse) it got."""
     kw = call_args(backend, case, provide)
+    if force_kernel is not None:
+        kw["_force_kernel"] = force_kernel
     result = invoke(kw, api)
     backend.check_types(result, case.s_q, case.h_q)
     if provide and case.s_q:

@@ -7,6 +7,7 @@ import re
 import pytest
 
 import sparse_mla_fp8
+from sparse_mla_fp8 import _capabilities
 from harness import d_v_error, dims_error, table_dims
 
 UNKNOWN_D_QK = next(d for d in (128, 64, 256, 1024) if d not in table_dims())
@@ -65,3 +66,20 @@ def test_check_config_torch_device():
     assert sparse_mla_fp8.check_config(576, device=torch.device("cpu")) is None
     with pytest.raises(ValueError, match=re.escape(dims_error(UNKNOWN_D_QK))):
         sparse_mla_fp8.check_config(UNKNOWN_D_QK, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gpu", [{"name": "NVIDIA B200", "major": 10, "minor": 0},
+                                 {"name": "NVIDIA A100", "major": 8, "minor": 0}])
+def test_no_kernel_on_another_arch(gpu):
+    """The kernels are sm_90a-only: on another GPU the error says so and suggests no build for its arch
+    (it once suggested -DCMAKE_CUDA_ARCHITECTURES=100a, a build that cannot compile them)."""
+    message = str(_capabilities._no_kernel(0, 576, gpu))
+    assert "sm_90a-only" in message and gpu["name"] in message, message
+    assert "CMAKE_CUDA_ARCHITECTURES" not in message, message
+
+
+def test_no_kernel_for_a_dim_on_hopper():
+    """On an sm_90 GPU, a d_qk this build lacks: the error names what is compiled and the 90a build."""
+    message = str(_capabilities._no_kernel(0, UNKNOWN_D_QK, {"name": "NVIDIA H200", "major": 9, "minor": 0}))
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90a " in message and f"d_qk={UNKNOWN_D_QK}" in message, message
+    assert "this build has" in message, message

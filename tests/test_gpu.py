@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 import sparse_mla_fp8
+from sparse_mla_fp8 import _C
+from sparse_mla_fp8._frameworks import export
 from harness import (INT_MAX, INT_MIN, Backend, assert_matches, assert_refused, call_args, dims_error,
                      invoke, random_case, results_numpy, run_and_check, seed_of, table_dims)
+
+KERNELS = _C.kernel_names()
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or not sparse_mla_fp8.supports(576, device="cuda"):
@@ -36,19 +40,27 @@ def _many_tokens_case(seed, s_q, s_kv, h_q, d_qk, topk):
     return case
 
 
-@pytest.mark.parametrize("shape, checked", [((64, 65536, 128, 576, 2048), 16), ((70000, 4096, 16, 512, 16), 512)],
+def _runs(h_q, topk, kernel):
+    assert _C.kernel_for(h_q, topk, "exact") == kernel, f"h_q={h_q}, topk={topk} no longer runs {kernel}"
+
+
+@pytest.mark.parametrize("shape, checked, kernel", [((64, 65536, 128, 576, 2048), 16, "wide"),
+                                                    ((70000, 4096, 16, 512, 16), 512, "fallback")],
                          ids=["h128_topk2048_skv65536", "sq70000_topk16"])
-def test_large(cuda, shape, checked):
+def test_large(cuda, shape, checked, kernel):
     """Every token is checked for NaN (unwritten outputs); `checked` random ones against the reference."""
+    _runs(shape[2], shape[4], kernel)
     case = _many_tokens_case(seed_of(shape), *shape)
     s_q = shape[0]
     tokens = np.unique(np.r_[0, s_q - 1, np.random.default_rng(1).choice(s_q, checked, replace=False)])
     run_and_check(cuda, case, tokens=tokens)
 
 
-@pytest.mark.parametrize("h_q, topk", [(128, 2048), (17, 2048), (40, 700)], ids=["wide", "split", "dual"])
+@pytest.mark.parametrize("h_q, topk, kernel", [(128, 2048, "wide"), (17, 2048, "split"), (40, 700, "dual")],
+                         ids=["wide", "split", "dual"])
 @pytest.mark.parametrize("d_qk", table_dims())
-def test_full_heads_with_length_and_sink(cuda, d_qk, h_q, topk):
+def test_full_heads_with_length_and_sink(cuda, d_qk, h_q, topk, kernel):
+    _runs(h_q, topk, kernel)
     s_q, s_kv = 16, 8192
     case = random_case(seed_of("full heads", d_qk, h_q), s_q, s_kv, h_q, d_qk, topk)
     rng = np.random.default_rng(d_qk)
@@ -64,35 +76,70 @@ def test_full_heads_with_length_and_sink(cuda, d_qk, h_q, topk):
         assert cuda.raw(a) == cuda.raw(b), "two runs on identical input differ"
 
 
-@pytest.mark.parametrize("h_q, topk", [(70, 150), (40, 1100), (40, 600)], ids=["wide", "split", "dual"])
-@pytest.mark.parametrize("d_qk", table_dims())
-def test_more_items_than_sms(cuda, d_qk, h_q, topk):
-    """The grid is persistent: with 300 items (a token and its 128 heads in the wide kernel, its 64 in
-    the split and dual ones) each CTA takes several in turn (the dual kernel runs two CTAs per SM),
-    and the items without slots (topk_length 0) sit between others."""
-    s_q, s_kv = 300, 2000
-    case = random_case(seed_of("items", d_qk, h_q), s_q, s_kv, h_q, d_qk, topk)
-    rng = np.random.default_rng(d_qk + 1)
+def _items_case(seed, s_q, s_kv, h_q, d_qk, topk):
+    """A random case with tokens of random topk_length (a fifth of them 0), a sink, and a tenth of the
+    indices invalid."""
+    case = random_case(seed, s_q, s_kv, h_q, d_qk, topk)
+    rng = np.random.default_rng(seed)
     case.topk_length = np.where(rng.random(s_q) < 0.2, 0, rng.integers(1, topk + 1, s_q)).astype(np.int32)
     case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
     invalid = rng.random(case.indices.shape) < 0.1
     case.indices[invalid] = rng.choice(np.array([-1, s_kv, INT_MIN, INT_MAX], np.int32), invalid.sum())
     case.poison_unreferenced_kv()
-    run_and_check(cuda, case)
+    return case
 
 
-@pytest.mark.parametrize("h_q, topk", [(128, 2048), (128, 2049), (64, 255), (64, 256), (64, 1023), (64, 1024),
-                                      (64, 4096), (64, 4097)],
+@pytest.mark.parametrize("h_q, topk, kernel", [(70, 150, "wide"), (40, 1100, "split"), (40, 600, "dual")],
+                         ids=["wide", "split", "dual"])
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_more_items_than_sms(cuda, d_qk, h_q, topk, kernel):
+    """The grid is persistent: with 300 items (a token and its 128 heads in the wide kernel, its 64 in
+    the split and dual ones) each CTA takes several in turn (the dual kernel runs two CTAs per SM),
+    and the items without slots (topk_length 0) sit between others."""
+    _runs(h_q, topk, kernel)
+    run_and_check(cuda, _items_case(seed_of("items", d_qk, h_q), 300, 2000, h_q, d_qk, topk))
+
+
+@pytest.mark.parametrize("h_q, topk, kernel", [(128, 2048, "wide"), (128, 2049, "fallback"), (64, 255, "fallback"),
+                                              (64, 256, "dual"), (64, 1023, "dual"), (64, 1024, "split"),
+                                              (64, 4096, "split"), (64, 4097, "fallback")],
                          ids=["wide", "wide+1", "dual-1", "dual", "dual_max", "split", "split_max", "split_max+1"])
-def test_f16_kernels_topk_bounds(cuda, h_q, topk):
+def test_f16_kernels_topk_bounds(cuda, h_q, topk, kernel):
     """The wide, dual and split kernels keep O in f16 registers, rounded at every k16 step; the worst
     case is a token whose slots all name one kv row (every step rounds the same way). At their
     largest topk (2048 slots per warpgroup) that stays within the contract; one slot more, or a call
     below the dual kernel's smallest topk, goes to the 64-head kernel."""
+    _runs(h_q, topk, kernel)
     s_q, s_kv, d_qk = 6, 8192, table_dims()[-1]
     case = random_case(seed_of("f16 bound", h_q, topk), s_q, s_kv, h_q, d_qk, topk)
     case.indices[::2] = case.indices[::2, :, :1]  # even tokens: one row in every slot
     run_and_check(cuda, case)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_every_kernel(cuda, d_qk, kernel):
+    """Each kernel of the registry, forced, on one call that none of them has a reason to refuse: a
+    partial block of heads (two blocks for the 64-head kernels), a topk that is no multiple of a
+    tile, tokens with short and empty topk_length, invalid indices and a sink, and more items than
+    SMs. The kernels the registry chooses are asserted per case above; this runs every
+    one of them whatever it is chosen for."""
+    case = _items_case(seed_of("every kernel", d_qk, kernel), 200, 3000, 70, d_qk, 300)
+    run_and_check(cuda, case, force_kernel=kernel)
+
+
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_native_launch_takes_the_fatbin_of_d_qk(cuda, d_qk):
+    """A direct _C.prefill call (no Python layer but the kernel folder) runs the kernel of its own
+    d_qk: the native module derives it from the arrays it checked."""
+    sparse_mla_fp8.check_config(d_qk, device="cuda")  # the kernel folder is known from here on
+    case = random_case(seed_of("native", d_qk), 8, 1000, 20, d_qk, 200)
+    kw = call_args(cuda, case)
+    args = [export(kw[k]) for k in ("q", "kv", "indices")] + [float(kw["sm_scale"])]
+    args += [export(kw[k]) for k in ("q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse")]
+    _C.prefill(*args, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert_matches(results_numpy(cuda, (kw["out"], kw["max_logits"], kw["lse"])), case.reference(), cuda.tol)
 
 
 class _Protocol:  # only __cuda_stream__, as CUDA Python and other libraries export it

@@ -1,5 +1,8 @@
 """The native module re-checks what it is given, so that a caller who bypasses the Python layer gets an
-exception, never a crash or a write into its buffers."""
+exception, never a crash or a write into its buffers; and it chooses the GPU kernel itself (the
+registry, kernels/registry.h), so no caller can pair a call with another d_qk's kernel."""
+
+import re
 
 import numpy as np
 import pytest
@@ -20,9 +23,13 @@ def _args():
     return kw
 
 
+def _positional(kw):
+    return [kw[k] for k in ("q", "kv", "indices", "sm_scale", "q_scale", "kv_scale", "attn_sink", "topk_length",
+                            "out", "max_logits", "lse")]
+
+
 def _call(kw):
-    return _C.prefill(kw["q"], kw["kv"], kw["indices"], kw["sm_scale"], kw["q_scale"], kw["kv_scale"],
-                      kw["attn_sink"], kw["topk_length"], kw["out"], kw["max_logits"], kw["lse"], 0, "", "")
+    return _C.prefill(*_positional(kw), 0)
 
 
 BAD = {
@@ -51,3 +58,55 @@ def test_native_runs_good_arguments():
     kw = _args()
     _call(kw)
     assert not np.isnan(kw["lse"]).any()
+
+
+def test_native_takes_no_kernel_from_the_caller():
+    """The kernel and its fatbin follow from the checked call: _C.prefill takes no fatbin or kernel name
+    (it once did, and ran d_qk 512 arrays with the 576 fatbin it was handed, reading past each row)."""
+    kw = _args()
+    with pytest.raises(TypeError):
+        _C.prefill(kw["q"], kw["kv"], kw["indices"], kw["sm_scale"], kw["q_scale"], kw["kv_scale"], kw["attn_sink"],
+                   kw["topk_length"], kw["out"], kw["max_logits"], kw["lse"], 0, "sparse_mla_fp8_d576.fatbin",
+                   "sparse_mla_fp8_prefill_d576")
+    assert "fatbin" not in _C.prefill.__doc__
+
+
+# (h_q, topk) -> the kernel that runs it: the bounds of each kernel's takes() (kernels/sm90/*/config.h)
+KERNEL_OF = {
+    (128, 2048): "wide", (65, 1): "wide", (128, 2049): "fallback", (300, 16384): "fallback",
+    (64, 255): "fallback", (64, 256): "dual", (1, 1023): "dual", (64, 1024): "split", (17, 4096): "split",
+    (64, 4097): "fallback", (16, 16): "fallback",
+}
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_kernel_for(precision):
+    """Until fast kernels exist, the exact kernels take both precisions."""
+    names = _C.kernel_names()
+    assert names[-1] == "fallback" and len(set(names)) == len(names), names
+    for (h_q, topk), kernel in KERNEL_OF.items():
+        assert _C.kernel_for(h_q, topk, precision) == kernel, (h_q, topk)
+    assert {_C.kernel_for(h_q, topk, precision) for h_q, topk in KERNEL_OF} == set(names)
+
+
+def test_kernel_for_default_precision():
+    assert all(_C.kernel_for(h_q, topk) == _C.kernel_for(h_q, topk, "exact") for h_q, topk in KERNEL_OF)
+
+
+@pytest.mark.parametrize("precision", ["Exact", "", 0, b"exact"])
+def test_kernel_for_refuses_other_precisions(precision):
+    with pytest.raises(ValueError, match=f'precision must be "exact" or "fast", got {re.escape(repr(precision))}'):
+        _C.kernel_for(64, 64, precision)
+
+
+@pytest.mark.parametrize("name", ["nope", "", "sparse_mla_fp8_prefill_d576_wide"])
+def test_force_kernel_refuses_unknown_names(name):
+    kw = _args()
+    assert_refused(lambda: _C.prefill(*_positional(kw), 0, name), ValueError, NUMPY,
+                   [x for x in kw.values() if hasattr(x, "shape")], match="no kernel named")
+
+
+def test_force_kernel_refused_on_the_cpu():
+    kw = _args()
+    assert_refused(lambda: _C.prefill(*_positional(kw), 0, "wide"), ValueError, NUMPY,
+                   [x for x in kw.values() if hasattr(x, "shape")], match="arrays are on the CPU")

@@ -31,6 +31,18 @@ def test_cli_info(tmp_path):
         assert str(d_qk) in run.stdout, run.stdout
 
 
+def test_cli_info_kernels(tmp_path):
+    """info lists the registry in order and the kernel of each benchmark shape, as kernel_for answers."""
+    from sparse_mla_fp8._cli import CONTRACT_SHAPES
+
+    run = _python(["-m", "sparse_mla_fp8", "info"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"in the order the launch tries them: {', '.join(sparse_mla_fp8._C.kernel_names())}\n" in run.stdout
+    for s_q, s_kv, h_q, d_qk, topk in CONTRACT_SHAPES:
+        line = f"{s_q}, {s_kv}, {h_q}, {d_qk}, {topk}"
+        assert f"{line:<30} runs {sparse_mla_fp8._C.kernel_for(h_q, topk, 'exact')}\n" in run.stdout, run.stdout
+
+
 def test_exports():
     for name in ("prefill", "sparse_mla_q8kv8_prefill_fwd", "check_config", "supports", "capabilities",
                  "bf16_to_float32"):

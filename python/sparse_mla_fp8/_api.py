@@ -1,13 +1,13 @@
 """The public entry points: check, look up the kernel, allocate what the caller did not give, launch."""
 
 from . import _C
-from ._capabilities import check_dims, kernel_for
+from ._capabilities import check_dims, require_kernel
 from ._frameworks import export, framework_of, stream_handle
 from ._validate import check_args
 
 
 def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, attn_sink=None,
-            topk_length=None, out=None, max_logits=None, lse=None, stream=None):
+            topk_length=None, out=None, max_logits=None, lse=None, stream=None, _force_kernel=None):
     """FP8 sparse MLA prefill: each query token attends to the `topk` KV rows its indices name.
 
     q [s_q, h_q, d_qk] and kv [s_kv, 1, d_qk] are float8_e4m3fn (or uint8 holding e4m3fn bytes) with
@@ -25,9 +25,12 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
     The launch goes to the inputs' device on `stream` (an int cudaStream_t, or an object with
     __cuda_stream__() or .cuda_stream; default: torch's current stream for torch tensors, else the
     legacy default stream). CPU arrays run the same operation on the CPU.
+
+    (_force_kernel, for the tests: the name of a kernel of the registry to run instead of the one the
+    native module would choose.)
     """
     args = (q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
-            stream)
+            stream, _force_kernel)
     # The native module checks every array from its DLPack metadata before it launches, so a call
     # with plain arguments needs no checks in Python (they cost more than the launch). Anything else
     # (bad input, an int scale, an object that is not an array) takes the checked path, which words
@@ -40,7 +43,7 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
 
 
 def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
-                   lse, stream):
+                   lse, stream, force_kernel):
     """prefill() for a float sm_scale, float or array scales and arrays of known frameworks, left to
     the native checks; None for any other call."""
     framework = framework_of(q)
@@ -51,7 +54,7 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
     check_dims(d_qk, d_v)
     if s_q == 0:
         return None  # the checked path returns empty outputs, after its checks
-    fatbin, kernel = _kernel(device, d_qk)
+    _require_kernel(device, d_qk)
     handle = stream_handle(stream, framework, q, device)
     out, max_logits, lse = _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse)
     exported = []
@@ -63,27 +66,28 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
         if a_framework is None:
             return None  # nanobind would take some non-arrays (buffers) that the checks refuse
         exported.append(a_framework.export(a))
-    _C.prefill(*exported, handle, fatbin, kernel)
+    _C.prefill(*exported, handle, force_kernel)
     return out, max_logits, lse
 
 
 def _prefill_checked(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
-                     lse, stream):
+                     lse, stream, force_kernel):
     framework, device, s_q, h_q, sm_scale, q_scale, kv_scale = check_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse)
-    fatbin, kernel = _kernel(device, q.shape[2])
+    _require_kernel(device, q.shape[2])
     handle = stream_handle(stream, framework, q, device)
     out, max_logits, lse = _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse)
     if s_q:
         _C.prefill(export(q), export(kv), export(indices), sm_scale, export(q_scale), export(kv_scale),
                    export(attn_sink), export(topk_length), export(out), export(max_logits), export(lse),
-                   handle, fatbin, kernel)
+                   handle, force_kernel)
     return out, max_logits, lse
 
 
-def _kernel(device, d_qk):
-    """(fatbin path, kernel name) for a CUDA device; empty names for the CPU path."""
-    return kernel_for(device[1], d_qk) if device[0] == "cuda" else ("", "")
+def _require_kernel(device, d_qk):
+    """ValueError unless a CUDA device has a kernel for d_qk (the native module chooses which)."""
+    if device[0] == "cuda":
+        require_kernel(device[1], d_qk)
 
 
 def _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse):

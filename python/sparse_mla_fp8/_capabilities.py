@@ -1,6 +1,7 @@
-"""The capability table: which (arch, d_qk, d_v) this build compiled, where each kernel is, and whether
-a device can run it. The table is `_manifest.json`, written by CMake next to this file; the CPU path
-serves the same (d_qk, d_v) pairs as the GPU kernels.
+"""The capability table: which (arch, d_qk, d_v) this build compiled, where its fatbins are, and
+whether a device can run them (which kernel of a fatbin runs a call, the native module chooses). The
+table is `_manifest.json`, written by CMake next to this file; the CPU path serves the same (d_qk, d_v)
+pairs as the GPU kernels.
 
 Everything here is looked up once per process and cached, since prefill() asks on every call.
 """
@@ -78,10 +79,9 @@ def _runs_on(spec_arch, gpu):
     return spec_arch is not None and spec_arch[3:].rstrip("af") == f"{gpu['major']}{gpu['minor']}"
 
 
-def _cmake_arch(gpu):
-    # From Hopper on, wgmma and friends exist only in the arch-specific target ("90a").
-    suffix = "a" if gpu["major"] >= 9 else ""
-    return f"{gpu['major']}{gpu['minor']}{suffix}"
+# The kernels use wgmma and setmaxnreg, which exist only in sm_90a: compute capability 9.0's
+# arch-specific target (CMake's "90a"). Another GPU cannot run them from any build.
+_KERNEL_ARCH = "sm_90a"
 
 
 def _no_kernel(index, d_qk, gpu):
@@ -90,12 +90,14 @@ def _no_kernel(index, d_qk, gpu):
         if s["arch"] is not None:
             compiled.setdefault(s["arch"], []).append(s["d_qk"])
     built = "; ".join(f"{arch} with d_qk={_dims_text(dims)}" for arch, dims in compiled.items())
+    has = f"this build has {built or 'no GPU kernels (CPU-only build, no CUDA compiler found)'}"
+    where = f"{_OP} has no kernel for d_qk={d_qk} on cuda:{index} ({gpu['name']}, {arch_of(gpu)})"
+    if not _runs_on(_KERNEL_ARCH, gpu):
+        return ValueError(f"{where}: the kernels are {_KERNEL_ARCH}-only (compute capability 9.0: H100, H200), "
+                          f"so no build runs on {arch_of(gpu)}; {has}")
     dims = _dims_text(set(_d_v_of()) | {d_qk}).replace("/", ";")
-    return ValueError(
-        f"{_OP} has no kernel for d_qk={d_qk} on cuda:{index} ({gpu['name']}, {arch_of(gpu)}): "
-        f"this build has {built or 'no GPU kernels (CPU-only build, no CUDA compiler found)'}; "
-        f"build it with: cmake -B build -DCMAKE_CUDA_ARCHITECTURES={_cmake_arch(gpu)} "
-        f'-DSPARSE_MLA_HEAD_DIMS="{dims}"')
+    return ValueError(f"{where}: {has}; build it with: cmake -B build -DCMAKE_CUDA_ARCHITECTURES=90a "
+                      f'-DSPARSE_MLA_HEAD_DIMS="{dims}"')
 
 
 def _find_kernel(index, d_qk):
@@ -106,22 +108,26 @@ def _find_kernel(index, d_qk):
             "(no CUDA compiler found); build with CUDA: cmake -B build -DCMAKE_CUDA_ARCHITECTURES=90a "
             f'-DSPARSE_MLA_HEAD_DIMS="{_dims_text(_d_v_of()).replace("/", ";")}"')
     gpu = _gpu(index)
-    for s in _specializations():
-        if s["d_qk"] == d_qk and _runs_on(s["arch"], gpu):
-            return os.path.join(_PACKAGE_DIR, s["fatbin"]), s["kernel"]
-    raise _no_kernel(index, d_qk, gpu)
+    if not any(s["d_qk"] == d_qk and _runs_on(s["arch"], gpu) for s in _specializations()):
+        raise _no_kernel(index, d_qk, gpu)
+    _set_kernel_dir()
 
 
-_kernels = {}  # (device index, d_qk) -> (fatbin path, kernel name)
+@functools.cache
+def _set_kernel_dir():
+    # the native module loads the fatbin of a call's d_qk from here, and chooses its kernel itself
+    _C.set_kernel_dir(_PACKAGE_DIR)
 
 
-def kernel_for(index, d_qk):
-    """(absolute fatbin path, kernel name) for d_qk on CUDA device `index`; ValueError if none."""
+_has_kernel = set()  # the (device index, d_qk) found to have a kernel
+
+
+def require_kernel(index, d_qk):
+    """ValueError unless this build has a kernel for d_qk that CUDA device `index` runs."""
     key = (index, d_qk)
-    found = _kernels.get(key)
-    if found is None:
-        found = _kernels[key] = _find_kernel(index, d_qk)
-    return found
+    if key not in _has_kernel:
+        _find_kernel(index, d_qk)
+        _has_kernel.add(key)
 
 
 def _parse_device(device):
@@ -152,7 +158,7 @@ def check_config(d_qk, d_v=512, device=None):
     check_dims(d_qk, d_v)
     device = _parse_device(device)
     if device is not None and device[0] == "cuda":
-        kernel_for(device[1], d_qk)
+        require_kernel(device[1], d_qk)
 
 
 def supports(d_qk, d_v=512, device=None):

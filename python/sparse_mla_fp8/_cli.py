@@ -1,6 +1,7 @@
 """python -m sparse_mla_fp8 info | demo | bench
 
-info:  the build, its capability table, the GPUs found and whether each can run it.
+info:  the build, its capability table, its GPU kernels and which one runs each benchmark shape, the
+       GPUs found and whether each can run it.
 demo:  one DeepSeek-V3.2-shaped prefill checked against the float64 reference and timed; exits 1 if
        the accuracy misses the contract. On the GPU when torch sees one the build has a kernel for,
        else a small one on the CPU with NumPy.
@@ -30,6 +31,15 @@ OUT_REL_LIMIT, LSE_ABS_LIMIT = 2e-2, 1e-3
 D_V = 512
 
 
+def _label(shape):
+    return ", ".join(map(str, shape))
+
+
+def _kernel(shape):
+    """The GPU kernel that runs a (s_q, s_kv, h_q, d_qk, topk) shape (precision exact)."""
+    return _C.kernel_for(shape[2], shape[4], "exact")
+
+
 def flops(s_q, h_q, d_qk, topk):
     return 2 * s_q * h_q * topk * (d_qk + D_V)
 
@@ -51,6 +61,9 @@ def info(args):
     print(f"  {'arch':<8} {'d_qk':>5} {'d_v':>5}  fatbin")
     for c in capabilities():
         print(f"  {c['arch'] or '-':<8} {c['d_qk']:>5} {c['d_v']:>5}  {c['fatbin'] or '-'}")
+    print(f"GPU kernels, in the order the launch tries them: {', '.join(_C.kernel_names())}")
+    for shape in CONTRACT_SHAPES:
+        print(f"  {_label(shape):<30} runs {_kernel(shape)}")
     print("GPUs:")
     try:
         gpus = cuda_devices()
@@ -268,23 +281,22 @@ def bench(args):
     name = torch.cuda.get_device_name(device)
     print(f"{name} (cuda:{device}), torch {torch.__version__}, median of {args.iters} CUDA-event timings")
     print(f"torch FP8 GEMM 8192^3 (_scaled_mm, e4m3 -> bf16): {gemm:.0f} TFLOP/s")
-    print(f"{'s_q, s_kv, h_q, d_qk, topk':<30} {'µs':>8} {'TFLOP/s':>8} {'of FP8 GEMM':>11} "
+    print(f"{'s_q, s_kv, h_q, d_qk, topk':<30} {'kernel':>8} {'µs':>8} {'TFLOP/s':>8} {'of FP8 GEMM':>11} "
           f"{'FlashMLA BF16 µs':>17} {'speedup':>8} {'goal µs':>8}")
     rows = []
     for shape in args.shape or list(CONTRACT_SHAPES):
-        label = ", ".join(map(str, shape))
         if not _has_kernel(shape[3], device):
             continue
         us, sets = _bench_shape(torch, shape, args.iters)
         tflops = flops(shape[0], shape[2], shape[3], shape[4]) / us / 1e6
         flashmla, goal = CONTRACT_SHAPES.get(shape, (None, None))
-        row = {"shape": dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape)), "us": us,
-               "tflops": tflops, "fraction_of_fp8_gemm": tflops / gemm, "input_sets": sets,
+        row = {"shape": dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape)), "kernel": _kernel(shape),
+               "us": us, "tflops": tflops, "fraction_of_fp8_gemm": tflops / gemm, "input_sets": sets,
                "flashmla_bf16_us": flashmla, "speedup_vs_flashmla_bf16": flashmla and flashmla / us,
                "goal_us": goal}
         rows.append(row)
         extra = f"{flashmla:>17} {flashmla / us:>7.2f}x {goal:>8}" if flashmla else ""
-        print(f"{label:<30} {us:>8.1f} {tflops:>8.1f} {tflops / gemm:>11.2f} {extra}")
+        print(f"{_label(shape):<30} {_kernel(shape):>8} {us:>8.1f} {tflops:>8.1f} {tflops / gemm:>11.2f} {extra}")
         torch.cuda.empty_cache()
     overhead = {}
     for allocate in (False, True):

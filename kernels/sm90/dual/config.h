@@ -4,8 +4,9 @@
 #pragma once
 #include <stdint.h>
 
+#include "precision.h"
 #include "sm90/config.h"
-#include "sm90/split/config.h"
+#include "sm90/wide/config.h"
 
 namespace sparse_mla::sm90::dual {
 
@@ -37,13 +38,21 @@ static_assert(kCtasPerSm * (smem_bytes(512) + 1024) <= 228 * 1024 && kCtasPerSm 
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 
-// The dual kernel takes the calls with one block of 64 heads and from kMinTopk slots to fewer than
-// the split kernel takes, where the 64-head kernel's per-item epilogue bounds it; below kMinTopk
-// the 64-head kernel keeps the small shapes (and the tests' coverage). (Its O is in f16 as the wide
-// kernel's, accurate up to wide::kMaxTopk slots.)
+// Below this the 64-head kernel keeps the small shapes (and the tests' coverage).
 constexpr int64_t kMinTopk = 256;
-constexpr bool takes(int64_t h_q, int64_t topk) { return h_q <= kHeadsPerCta && topk >= kMinTopk && topk < split::kMinTopk; }
-// Its entry point in a fatbin: the 64-head kernel's name and this suffix (prefill_instance.cu.in).
-constexpr const char* kKernelSuffix = "_dual";
+
+// Its entry in the registry (kernels/registry.h), after the split kernel's: it takes the calls with
+// one block of 64 heads from kMinTopk slots on that the split kernel does not, where the 64-head
+// kernel's per-item epilogue bounds it, up to where its f16 O (the wide kernel's) is accurate enough.
+// (An exact kernel: it takes both precisions until fast kernels exist.)
+struct Traits {
+    static constexpr int kThreads = dual::kThreads;
+    static constexpr int kCtasPerSm = dual::kCtasPerSm;
+    static constexpr int kHeadsPerCta = dual::kHeadsPerCta;
+    static constexpr int smem_bytes(int d_qk) { return dual::smem_bytes(d_qk); }
+    static constexpr bool takes(int64_t h_q, int64_t topk, Precision) {
+        return h_q <= kHeadsPerCta && topk >= kMinTopk && topk <= wide::kMaxTopk;
+    }
+};
 
 }  // namespace sparse_mla::sm90::dual

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "precision.h"
 #include "sm90/config.h"
 #include "sm90/wide/config.h"
 
@@ -36,9 +37,17 @@ static_assert(sizeof(RowStats) == 16, "a row's statistics");
 
 constexpr int64_t head_blocks(int64_t h_q) { return sm90::head_blocks(h_q); }
 
-// The split kernel takes the calls with one block of 64 heads and from kMinTopk to kMaxTopk slots.
-constexpr bool takes(int64_t h_q, int64_t topk) { return h_q <= kHeadsPerCta && topk >= kMinTopk && topk <= kMaxTopk; }
-// Its entry point in a fatbin: the 64-head kernel's name and this suffix (prefill_instance.cu.in).
-constexpr const char* kKernelSuffix = "_split";
+// Its entry in the registry (kernels/registry.h).
+struct Traits {
+    static constexpr int kThreads = sm90::kThreads;
+    static constexpr int kCtasPerSm = 1;
+    static constexpr int kHeadsPerCta = sm90::kHeadsPerCta;
+    static constexpr int smem_bytes(int d_qk) { return split::smem_bytes(d_qk); }
+    // the calls with one block of 64 heads and from kMinTopk to kMaxTopk slots (an exact kernel: it
+    // takes both precisions until fast kernels exist)
+    static constexpr bool takes(int64_t h_q, int64_t topk, Precision) {
+        return h_q <= kHeadsPerCta && topk >= kMinTopk && topk <= kMaxTopk;
+    }
+};
 
 }  // namespace sparse_mla::sm90::split

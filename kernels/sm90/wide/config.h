@@ -4,6 +4,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "precision.h"
 #include "sm90/config.h"
 
 namespace sparse_mla::sm90::wide {
@@ -28,10 +29,15 @@ constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBu
 
 constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
 
-// The wide kernel takes a call when the 64-head one would run two CTAs per token, and when its f16 O
-// is accurate enough for the topk.
-constexpr bool takes(int64_t h_q, int64_t topk) { return h_q > sm90::kHeadsPerCta && topk <= kMaxTopk; }
-// Its entry point in a fatbin: the 64-head kernel's name and this suffix (prefill_instance.cu.in).
-constexpr const char* kKernelSuffix = "_wide";
+// Its entry in the registry (kernels/registry.h).
+struct Traits {
+    static constexpr int kThreads = sm90::kThreads;
+    static constexpr int kCtasPerSm = 1;
+    static constexpr int kHeadsPerCta = wide::kHeadsPerCta;
+    static constexpr int smem_bytes(int d_qk) { return wide::smem_bytes(d_qk); }
+    // a call that a 64-head kernel would run in two CTAs per token, at a topk where its f16 O is
+    // accurate enough (an exact kernel: it takes both precisions until fast kernels exist)
+    static constexpr bool takes(int64_t h_q, int64_t topk, Precision) { return h_q > sm90::kHeadsPerCta && topk <= kMaxTopk; }
+};
 
 }  // namespace sparse_mla::sm90::wide

@@ -1,5 +1,7 @@
-// The SM90 FP8 sparse MLA prefill kernel for 64 heads per CTA, one template for every QK head dim; it
-// takes the calls that the wide kernel (wide/) does not: h_q <= 64, and topk > wide::kMaxTopk.
+// The SM90 FP8 sparse MLA prefill kernel for 64 heads per CTA with O in fp32, one template for every
+// QK head dim: the registry's last entry, it takes every call that no kernel before it takes
+// (kernels/registry.h; today h_q <= 64 with topk below dual::kMinTopk or above split::kMaxTopk, and
+// h_q > 64 with topk above wide::kMaxTopk).
 //
 // One CTA computes one query token for 64 heads: a producer warpgroup and two consumer warpgroups,
 // meeting on named barriers. Per tile of 64 topk slots:
@@ -34,9 +36,10 @@
 #include "params.h"
 #include "sm90/config.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/fallback/config.h"
 #include "sm90/work.cuh"
 
-namespace sparse_mla::sm90 {
+namespace sparse_mla::sm90::fallback {
 
 // P of a tile, [head][slot], K-major A of P.V: the fp16 tile's last atom column (p_offset).
 template <int D>
@@ -321,4 +324,4 @@ __device__ void prefill(const SparseMlaParams& p) {
     }
 }
 
-}  // namespace sparse_mla::sm90
+}  // namespace sparse_mla::sm90::fallback
