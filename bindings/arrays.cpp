@@ -1,5 +1,7 @@
 #include "arrays.h"
 
+#include <nanobind/stl/string.h>
+
 #include <string>
 #include <string_view>
 
