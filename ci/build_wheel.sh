@@ -16,7 +16,7 @@ trap 'rm -f "$log"' EXIT
 wheel=$(ls dist/sparse_mla_fp8-*.whl)
 echo "built $wheel"
 # ptxas serializes a kernel's wgmmas when it runs short of registers for them (its C7512 info): 30%
-# slower in one trial (kernels/sm90/PERF.md, v22), and silent otherwise
+# slower in one trial (kernels/sm90/PERF-HISTORY.md, v22), and silent otherwise
 if grep "wgmma.mma_async instructions are serialized" "$log"; then echo "ptxas serialized wgmmas"; exit 1; fi
 
 listing=$("$venv/bin/python" -m zipfile -l "$wheel")

@@ -82,7 +82,7 @@ struct NoPvPiece {
 //     a P.V issued whole is waited for with a partial count);
 //   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 2,
 //     where it keeps the tensor cores busy between K steps instead of holding the first K steps back
-//     (PERF.md, v22; ptxas serializes every wgmma for some other steps). after_wait() runs once the
+//     (PERF-HISTORY.md, v22; ptxas serializes every wgmma for some other steps). after_wait() runs once the
 //     wait of a K step has covered the last piece.
 // kKRows: the rows of the tile that k_desc names (Q has 64).
 template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kAcc, class AfterWait, class PvPiece = NoPvPiece>

@@ -183,7 +183,7 @@ __device__ inline uint32_t bf16x2(float lo, float hi) {
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
 // of this thread) in f16: out, then max_logits and lse. The exact max reads its Q rows from q_tile,
 // the item's Q tile (SmemLayouts' E4m3), which the caller keeps until then (one fewer round trip
-// than global memory, no registers: PERF.md, v19).
+// than global memory, no registers: PERF-HISTORY.md, v19).
 template <int D>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
                                   int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,

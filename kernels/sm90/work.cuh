@@ -184,7 +184,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
             constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
             // the aligned rows on their own path: one loop through copy_chunk for both kinds does
-            // not unroll and made the kernel 12% slower (PERF.md)
+            // not unroll and made the kernel 12% slower (PERF-HISTORY.md)
             if (p.rows_16b_aligned) {
                 const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
 #pragma unroll

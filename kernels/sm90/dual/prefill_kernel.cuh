@@ -5,7 +5,7 @@
 // wgmma and bounds it (PERF.md). Here each CTA has one consumer warpgroup, which owns the 64 heads
 // and all of d_v (O in f16 registers, as in the wide kernel), and one producer warpgroup; with two
 // CTAs per SM one CTA's wgmmas run while the other's epilogue does (what that gains, and why not
-// more: PERF.md, v18). What two CTAs leave each one
+// more: PERF-HISTORY.md, v18). What two CTAs leave each one
 // (~113 KB of shared memory, 256 registers per thread pair) sets the unit of the pipeline: a half
 // tile of 32 slots. Per half tile:
 //   1. the producer gathers the e4m3 kv rows (cp.async) into a ring of landing half tiles, two ahead
@@ -175,7 +175,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
     // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
-    // reading the exact max's Q rows from global memory (PERF.md, v19)
+    // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
         load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);

@@ -14,7 +14,7 @@ constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles 
 // Each warpgroup's f16 O sums half of a token's slots: the wide kernel's bound per warpgroup.
 constexpr int64_t kMaxTopk = 2 * wide::kMaxTopk;
 // Below this the 64-head kernel is as fast: both spend most of a short item on its serial epilogue
-// (PERF.md, sixth part of 2026-11-30).
+// (PERF-HISTORY.md, h_q <= 64).
 constexpr int64_t kMinTopk = 1024;
 
 // The statistics of a row over one warpgroup's slots, handed to the other at an item's end.

@@ -144,7 +144,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             const int buffer = cta_tile % kLandingBuffers;
             // the validity of its half tile's slots, from the indices (lane j: slot 32 wg + j), loaded
             // now and used after the QK^T (racecheck does not follow words handed over in shared
-            // memory through this kernel's barriers: PERF.md, v17)
+            // memory through this kernel's barriers: PERF-HISTORY.md, v17)
             const bool lane_valid =
                 work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
             bar_sync(kLandingFullBar0 + kConsumerWarpgroups * buffer + wg, kPairThreads);

@@ -99,7 +99,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     // Q of this warpgroup's heads of an item into its swizzled tile; heads past h_q are zero rows.
     // Issued for the next item once this warpgroup's exact max has read its Q rows from the tile
-    // (3% faster at topk 1024 than loading them from global memory, PERF.md v20; issued inside the
+    // (3% faster at topk 1024 than loading them from global memory, PERF-HISTORY.md v20; issued inside the
     // tile loop it made ptxas spill there: 6% slower); the warpgroups share nothing else of an item,
     // so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
@@ -147,7 +147,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             for (int h = 0; h < 2; ++h) {
                 float s[kAcc] = {};
                 // the previous half's P.V rides in this QK^T's K steps (6-9% faster than issuing it
-                // whole after the softmax: PERF.md, v22)
+                // whole after the softmax: PERF-HISTORY.md, v22)
                 const bool pv_before = h == 1 || tile > 0;
                 qk_promoted<D, kSlotsPerTile, kPvPieces>(
                     q_desc, k_desc0[h] + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s,
