@@ -5,6 +5,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "arrays.h"
 #include "cpu/prefill_cpu.h"
 #include "registry.h"
@@ -40,7 +43,7 @@ sparse_mla::PrefillCall describe(Arrays& arrays, nb::handle q, nb::handle kv, nb
 void prefill(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, nb::handle q_scale, nb::handle kv_scale,
              nb::handle attn_sink, nb::handle topk_length, nb::handle out, nb::handle max_logits, nb::handle lse,
              uintptr_t stream, std::optional<std::string> force_kernel, int64_t d_v,
-             nb::handle precision) {
+             nb::handle precision, int64_t cpu_threads) {
     if (out.is_none() || max_logits.is_none() || lse.is_none())
         throw nb::type_error("out, max_logits and lse must be arrays: _C.prefill writes into them");
     if (force_kernel && !sparse_mla::kernel_named(*force_kernel))
@@ -53,8 +56,18 @@ void prefill(nb::handle q, nb::handle kv, nb::handle indices, double sm_scale, n
     if (p.s_q == 0) return;
     if (checked.device.type == sparse_mla::kDeviceCpu) {
         if (force_kernel) throw nb::value_error("force_kernel names a GPU kernel, but the arrays are on the CPU");
-        nb::gil_scoped_release unlocked;
-        sparse_mla_prefill_cpu(p);  // exact whatever the precision
+        if (cpu_threads <= 0) cpu_threads = std::max(1u, std::thread::hardware_concurrency());
+        bool finished;
+        {
+            nb::gil_scoped_release unlocked;
+            // exact whatever the precision; Ctrl-C is seen between work items, its KeyboardInterrupt
+            // raised here
+            finished = sparse_mla_prefill_cpu(p, cpu_threads, [] {
+                nb::gil_scoped_acquire locked;
+                return PyErr_CheckSignals() != 0;
+            });
+        }
+        if (!finished) throw nb::python_error();
         return;
     }
 #if SPARSE_MLA_WITH_CUDA
@@ -105,10 +118,11 @@ NB_MODULE(_C, m) {
           nb::arg("q_scale"), nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(),
           nb::arg("out").none(), nb::arg("max_logits").none(), nb::arg("lse").none(), nb::arg("stream"),
           nb::arg("force_kernel").none() = nb::none(), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
-          nb::arg("precision").none() = nb::none(),
+          nb::arg("precision").none() = nb::none(), nb::arg("cpu_threads") = 0,
           "Checks the call (every refusal of the contract) and runs the prefill on the arrays' device; see "
           "sparse_mla_fp8.prefill. On a GPU the registry chooses the kernel from the checked call "
-          "(force_kernel: run the kernel of that name instead, for the tests).");
+          "(force_kernel: run the kernel of that name instead, for the tests). On the CPU it runs on "
+          "cpu_threads threads (0: one per core).");
     m.def("check", &check, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("q_scale"),
           nb::arg("kv_scale"), nb::arg("attn_sink").none(), nb::arg("topk_length").none(), nb::arg("out").none(),
           nb::arg("max_logits").none(), nb::arg("lse").none(), nb::kw_only(), nb::arg("d_v") = sparse_mla::kDv,
@@ -133,5 +147,7 @@ NB_MODULE(_C, m) {
     m.def("set_kernel_dir", &set_kernel_dir, nb::arg("path"),
           "The folder of the fatbins (" SPARSE_MLA_FATBIN_PREFIX "<d_qk>.fatbin); set once, before the first GPU call.");
 #endif
+    m.def("cpu_isa", &sparse_mla_cpu_isa,
+          "The CPU path's instruction set here (\"avx512\", \"avx2\" or \"baseline\"), capped by SPARSE_MLA_FP8_CPU_ISA.");
     m.def("cuda_devices", &devices, "The CUDA devices as dicts; raises RuntimeError without a usable driver.");
 }

@@ -1,59 +1,73 @@
 #include "prefill_cpu.h"
 
 #include <algorithm>
-#include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 namespace {
 
-// Valid KV rows decoded at a time: a chunk (2 x 64 rows x 576 floats) stays in L2 while every head
-// of the token consumes it; an online softmax joins the chunks, so memory does not grow with topk.
+// Heads are the vector lanes: each gathered KV row is decoded once and then serves every head of the
+// token, and each lane's arithmetic is the same whatever the vector width, so a head's result does
+// not depend on how its heads were blocked, on the instruction set, or on the thread count.
+using f32x16 = float __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x4 = float __attribute__((vector_size(16)));
+constexpr int64_t kMaxLanes = 16;  // the widest vector's heads: scratch is laid out for it
+
+// Valid KV rows decoded at a time (64 x 576 floats, in L2 while every head block consumes them); an
+// online softmax joins the chunks, so memory does not grow with topk.
 constexpr int64_t kChunk = 64;
-// Heads that share each load of a K or V element.
-constexpr int kHeadBlock = 4;
-// Output columns accumulated at a time in a local block (d_v is padded to a multiple of it).
-constexpr int64_t kColumns = 64;
+constexpr int64_t kCacheLine = 64;
+// Work items per thread, so that tokens of unequal topk_length still share out evenly.
+constexpr int64_t kItemsPerThread = 4;
+// How often the calling thread asks whether the caller was interrupted (Ctrl-C).
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+
+// Caps the instruction set (e.g. to compare entries, or to match another machine's results).
+constexpr const char* kIsaVariable = "SPARSE_MLA_FP8_CPU_ISA";
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// acc[b][i] += w[b] * x[i] for every head b < NB and i < W: one pass over x updates the NB rows
-// together, written out per row so that the compiler vectorises over i.
-template <int NB, int64_t W>
-inline void add_outer(float (&acc)[NB][W], const float (&w)[NB], const float* x) {
-    static_assert(NB >= 1 && NB <= 4, "rows are written out up to 4");
-    for (int64_t i = 0; i < W; ++i) {
-        const float xi = x[i];
-        acc[0][i] += w[0] * xi;
-        if constexpr (NB > 1) acc[1][i] += w[1] * xi;
-        if constexpr (NB > 2) acc[2][i] += w[2] * xi;
-        if constexpr (NB > 3) acc[3][i] += w[3] * xi;
-    }
+template <class V>
+constexpr int lanes_of = int(sizeof(V) / sizeof(float));
+
+template <class V>
+inline V load(const float* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
 }
 
-std::array<float, 256> make_e4m3fn_table() {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) {
-        const int e = (b >> 3) & 0xf, m = b & 7;
-        float mag;
-        if (e == 0xf && m == 7)
-            mag = std::numeric_limits<float>::quiet_NaN();  // e4m3fn has NaN but no inf
-        else if (e == 0)
-            mag = std::ldexp(float(m), -9);  // subnormal: m/8 * 2^-6
-        else
-            mag = std::ldexp(float(8 + m), e - 10);  // (1 + m/8) * 2^(e-7)
-        t[b] = (b & 0x80) ? -mag : mag;
-    }
-    return t;
+template <class V>
+inline void store(float* p, V v) {
+    std::memcpy(p, &v, sizeof v);
 }
 
-const std::array<float, 256>& e4m3fn_table() {
-    static const std::array<float, 256> table = make_e4m3fn_table();
-    return table;
+// e4m3fn bytes to floats with integer operations and masks only, so that the loop vectorises (a
+// 256-entry table would need a gather per element): the exponent is rebiased by 120 (7 to 127);
+// subnormals (exponent 0) are m * 2^-9 exactly; 0x7f/0xff are NaN (e4m3fn has no inf).
+inline void decode_e4m3(const uint8_t* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t b = src[i], mag = b & 0x7fu;
+        const float sub = float(int32_t(mag)) * 0x1p-9f;
+        uint32_t sub_bits;
+        std::memcpy(&sub_bits, &sub, sizeof sub_bits);
+        const uint32_t is_sub = 0u - uint32_t(mag < 8), is_nan = 0u - uint32_t(mag == 0x7fu);
+        uint32_t bits = (sub_bits & is_sub) | (((mag << 20) + (120u << 23)) & ~is_sub);
+        bits = (0x7fc00000u & is_nan) | (bits & ~is_nan);
+        bits |= (b & 0x80u) << 24;
+        std::memcpy(&dst[i], &bits, sizeof bits);
+    }
 }
 
 uint16_t to_bf16_bits(float f) {
@@ -66,50 +80,49 @@ uint16_t to_bf16_bits(float f) {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Unlike std::max, lets a NaN logit poison the row max, as a float64 reference would.
-float nan_max(float m, float x) { return (x > m || x != x) ? x : m; }
+// acc[r] += a[k] * b[k * b_k + r * b_r] for k < depth: R independent vectors of heads, each FMA
+// sharing one load of a (one head vector per k) and one broadcast of b; the sum over k keeps its order.
+template <class V, int R>
+inline void panel(V (&acc)[R], const float* a, const float* b, int64_t b_k, int64_t b_r, int64_t depth) {
+    constexpr int L = lanes_of<V>;
+    for (int64_t k = 0; k < depth; ++k) {
+        const V ak = load<V>(a + k * L);
+        const float* bk = b + k * b_k;
+        for (int r = 0; r < R; ++r) acc[r] += ak * bk[r * b_r];
+    }
+}
 
-// Computes a contiguous range of (token, head) pairs. Every pair is finished by one worker, in an
-// order that depends only on the inputs, so the output does not depend on how the range was cut.
-//
-// The inner loops all run over a compile-time count of independent elements held in local arrays,
-// never over a reduction, so compilers vectorise them at -O2 without reassociating or checking for
-// aliasing; every fp32 sum keeps the order written here.
+// Computes work items, each the heads [h0, h1) of one token: every result is finished by one worker,
+// in an order that depends only on the inputs.
 class Worker {
 public:
     Worker(const SparseMlaParams& p, float logit_scale, float kv_scale, int64_t max_heads)
         : p_(p),
-          table_(e4m3fn_table().data()),
           logit_scale_(logit_scale),
           kv_scale_(kv_scale),
-          vpad_(round_up(p.d_v, kColumns)),
-          q_(size_t(max_heads * p.d_qk)),
-          kt_(size_t(p.d_qk * kChunk), 0.0f),
-          v_(size_t(kChunk * vpad_), 0.0f),  // columns past d_v stay 0 and are never written out
-          acc_(size_t(max_heads * vpad_)),
-          m_(size_t(max_heads)),
-          l_(size_t(max_heads)),
-          s_(size_t(kHeadBlock * kChunk)) {}
+          ld_(round_up(p.d_qk, kMaxLanes)),
+          dv_(round_up(p.d_v, kMaxLanes)),
+          blocks_(round_up(max_heads, 4) / 4),  // for the narrowest vector, f32x4
+          rows_(size_t(kChunk * ld_), 0.0f),  // rows and columns past the decoded ones stay finite
+          q_row_(size_t(p.d_qk)),
+          qt_(size_t(blocks_ * p.d_qk * kMaxLanes)),
+          st_(size_t(kChunk * kMaxLanes)),
+          ot_(size_t(blocks_ * dv_ * kMaxLanes)),
+          m_(size_t(blocks_ * kMaxLanes)),
+          l_(size_t(blocks_ * kMaxLanes)) {}
 
-    void run(int64_t begin, int64_t end) {
-        while (begin < end) {
-            const int64_t t = begin / p_.h_q, h0 = begin % p_.h_q;
-            const int64_t h1 = std::min(p_.h_q, h0 + (end - begin));
-            token(t, h0, h1);
-            begin += h1 - h0;
-        }
-    }
-
-private:
-    void token(int64_t t, int64_t h0, int64_t h1) {
+    // Head blocks are vectors V, the last one H (half as wide) where that holds its heads; R is the
+    // register block (rows, or V columns). The caller picks all three per instruction set.
+    template <class V, class H, int R>
+    void item(int64_t t, int64_t h0, int64_t h1) {
+        constexpr int64_t L = lanes_of<V>;
         const int64_t nh = h1 - h0;
-        for (int64_t h = 0; h < nh; ++h) {
-            const uint8_t* src = p_.q + t * p_.q_stride_s + (h0 + h) * p_.q_stride_h;
-            for (int64_t x = 0; x < p_.d_qk; ++x) q_[h * p_.d_qk + x] = table_[src[x]];
-            m_[h] = -kInf;
-            l_[h] = 0.0f;
-        }
-        std::fill(acc_.begin(), acc_.begin() + nh * vpad_, 0.0f);
+        const int64_t blocks = round_up(nh, L) / L;
+        auto lanes = [&](int64_t b) { return nh - b * L > lanes_of<H> ? L : int64_t(lanes_of<H>); };
+        for (int64_t b = 0; b < blocks; ++b) load_q(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b));
+        std::fill(ot_.begin(), ot_.begin() + blocks * dv_ * kMaxLanes, 0.0f);
+        std::fill(m_.begin(), m_.begin() + blocks * kMaxLanes, -kInf);
+        std::fill(l_.begin(), l_.begin() + blocks * kMaxLanes, 0.0f);
 
         int64_t n_slots = p_.topk;
         if (p_.topk_length)
@@ -122,85 +135,92 @@ private:
             for (; i < n_slots && n < kChunk; ++i) {
                 const int64_t j = idx[i];
                 if (j < 0 || j >= p_.s_kv) continue;  // invalid slot: its row is never touched
-                const uint8_t* src = p_.kv + j * p_.kv_stride_s;
-                for (int64_t x = 0; x < p_.d_qk; ++x) kt_[x * kChunk + n] = table_[src[x]];
-                for (int64_t x = 0; x < p_.d_v; ++x) v_[n * vpad_ + x] = table_[src[x]];
+                decode_e4m3(p_.kv + j * p_.kv_stride_s, &rows_[size_t(n * ld_)], p_.d_qk);
                 ++n;
             }
             if (n == 0) break;
             valid += n;
-            for (int64_t h = 0; h < nh; h += kHeadBlock) {
-                switch (std::min<int64_t>(kHeadBlock, nh - h)) {
-                    case 4: head_block<4>(h, n); break;
-                    case 3: head_block<3>(h, n); break;
-                    case 2: head_block<2>(h, n); break;
-                    default: head_block<1>(h, n); break;
-                }
+            prefetch_rows(idx, i, n_slots);
+            for (int64_t b = 0; b < blocks; ++b) {
+                if (lanes(b) == L)
+                    block<V, R>(b, n);
+                else
+                    block<H, R>(b, n);
             }
         }
-        finish(t, h0, nh, valid);
+        for (int64_t b = 0; b < blocks; ++b) finish(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b), valid);
     }
 
-    // Folds the n rows of the chunk into the running softmax of NB heads from local head h on.
-    template <int NB>
-    void head_block(int64_t h, int64_t n) {
-        const float* q[NB];
-        float* acc[NB];
-        for (int b = 0; b < NB; ++b) {
-            q[b] = &q_[(h + b) * p_.d_qk];
-            acc[b] = &acc_[(h + b) * vpad_];
-        }
-        float* s = s_.data();
-
-        // Logits: K is stored transposed, so the inner loop runs over rows. Rows n.. of the chunk hold
-        // stale values from an earlier chunk; their columns are independent and dropped.
-        {
-            float dot[NB][kChunk] = {};
-            for (int64_t x = 0; x < p_.d_qk; ++x) {
-                const float* kt = &kt_[x * kChunk];
-                float qx[NB];
-                for (int b = 0; b < NB; ++b) qx[b] = q[b][x];
-                add_outer(dot, qx, kt);
-            }
-            for (int b = 0; b < NB; ++b)
-                for (int64_t c = 0; c < n; ++c) s[b * kChunk + c] = logit_scale_ * dot[b][c];
-        }
-
-        float alpha[NB];
-        for (int b = 0; b < NB; ++b) {
-            float* sb = s + b * kChunk;
-            float m_new = m_[h + b];
-            for (int64_t c = 0; c < n; ++c) m_new = nan_max(m_new, sb[c]);
-            // An all -inf row (only with absurd scales) must not turn exp(-inf - -inf) into NaN.
-            const float shift = m_new == -kInf ? 0.0f : m_new;
-            alpha[b] = std::exp(m_[h + b] - shift);
-            float sum = 0.0f;
-            for (int64_t c = 0; c < n; ++c) {
-                sb[c] = std::exp(sb[c] - shift);
-                sum += sb[c];
-            }
-            l_[h + b] = l_[h + b] * alpha[b] + sum;
-            m_[h + b] = m_new;
-        }
-
-        // acc = alpha * acc + sum_c p_c V_c, one block of columns at a time.
-        for (int64_t x = 0; x < vpad_; x += kColumns) {
-            float a[NB][kColumns];
-            for (int b = 0; b < NB; ++b)
-                for (int64_t l = 0; l < kColumns; ++l) a[b][l] = acc[b][x + l] * alpha[b];
-            for (int64_t c = 0; c < n; ++c) {
-                const float* v = &v_[c * vpad_ + x];
-                float pc[NB];
-                for (int b = 0; b < NB; ++b) pc[b] = s[b * kChunk + c];
-                add_outer(a, pc, v);
-            }
-            for (int b = 0; b < NB; ++b) std::copy(a[b], a[b] + kColumns, acc[b] + x);
+private:
+    // Asks for the rows of the next chunk's valid slots from slot i on, into L2, while this chunk is
+    // computed: rows are gathered at random, and a miss per row would otherwise stall the decode.
+    void prefetch_rows(const int32_t* idx, int64_t i, int64_t n_slots) const {
+        for (int64_t n = 0; i < n_slots && n < kChunk; ++i) {
+            const int64_t j = idx[i];
+            if (j < 0 || j >= p_.s_kv) continue;
+            const uint8_t* row = p_.kv + j * p_.kv_stride_s;
+            for (int64_t x = 0; x < p_.d_qk; x += kCacheLine) __builtin_prefetch(row + x, 0, 2);
+            ++n;
         }
     }
 
-    void finish(int64_t t, int64_t h0, int64_t nh, int64_t valid) {
-        for (int64_t hl = 0; hl < nh; ++hl) {
-            const int64_t h = h0 + hl;
+    // Heads [h0, h1) of token t as block b's panel [d_qk][lanes]; lanes past h1 - h0 are 0.
+    void load_q(int64_t t, int64_t h0, int64_t h1, int64_t b, int64_t lanes) {
+        float* qt = &qt_[size_t(b * p_.d_qk * kMaxLanes)];
+        std::fill(qt, qt + p_.d_qk * lanes, 0.0f);
+        for (int64_t h = h0; h < h1; ++h) {
+            decode_e4m3(p_.q + t * p_.q_stride_s + h * p_.q_stride_h, q_row_.data(), p_.d_qk);
+            for (int64_t x = 0; x < p_.d_qk; ++x) qt[x * lanes + (h - h0)] = q_row_[size_t(x)];
+        }
+    }
+
+    // Folds the chunk's n rows into head block b's running softmax and its unnormalised sum of p * V.
+    template <class V, int R>
+    void block(int64_t b, int64_t n) {
+        constexpr int L = lanes_of<V>;
+        const float* qt = &qt_[size_t(b * p_.d_qk * kMaxLanes)];
+        float* ot = &ot_[size_t(b * dv_ * kMaxLanes)];
+        float* st = st_.data();
+
+        // Logits, R rows at a time; rows past n (stale or zero) are computed and dropped.
+        for (int64_t r0 = 0; r0 < n; r0 += R) {
+            V acc[R] = {};
+            panel(acc, qt, &rows_[size_t(r0 * ld_)], 1, ld_, p_.d_qk);
+            for (int r = 0; r < R; ++r) store(st + (r0 + r) * L, acc[r] * logit_scale_);
+        }
+
+        const V m_old = load<V>(&m_[size_t(b * kMaxLanes)]);
+        V m = m_old;
+        for (int64_t c = 0; c < n; ++c) {
+            const V s = load<V>(st + c * L);
+            m = (s > m) | (s != s) ? s : m;  // a NaN logit poisons the max, as in a float64 reference
+        }
+        // An all -inf row (only with absurd scales) must not turn exp(-inf - -inf) into NaN.
+        const V shift = m == -kInf ? V{} : m;
+        V alpha = m_old - shift, sum = {};
+        for (int i = 0; i < L; ++i) alpha[i] = std::exp(alpha[i]);
+        for (int64_t c = 0; c < n; ++c) {
+            V s = load<V>(st + c * L) - shift;
+            for (int i = 0; i < L; ++i) s[i] = std::exp(s[i]);
+            store(st + c * L, s);
+            sum += s;
+        }
+        store(&l_[size_t(b * kMaxLanes)], load<V>(&l_[size_t(b * kMaxLanes)]) * alpha + sum);
+        store(&m_[size_t(b * kMaxLanes)], m);
+
+        // ot[x] = alpha * ot[x] + sum_c p_c * V_c[x], R columns at a time.
+        for (int64_t x0 = 0; x0 < dv_; x0 += R) {
+            V acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = load<V>(ot + (x0 + r) * L) * alpha;
+            panel(acc, st, &rows_[size_t(x0)], ld_, 1, n);
+            for (int r = 0; r < R; ++r) store(ot + (x0 + r) * L, acc[r]);
+        }
+    }
+
+    void finish(int64_t t, int64_t h0, int64_t h1, int64_t b, int64_t lanes, int64_t valid) {
+        const float* ot = &ot_[size_t(b * dv_ * kMaxLanes)];
+        for (int64_t h = h0; h < h1; ++h) {
+            const int64_t lane = h - h0;
             uint16_t* out = p_.out + t * p_.out_stride_s + h * p_.out_stride_h;
             float& max_logit = p_.max_logits[t * p_.max_logits_stride_s + h * p_.max_logits_stride_h];
             float& lse = p_.lse[t * p_.lse_stride_s + h * p_.lse_stride_h];
@@ -210,62 +230,138 @@ private:
                 lse = kInf;
                 continue;
             }
-            const float m = m_[hl], l = l_[hl];
+            const float m = m_[size_t(b * kMaxLanes + lane)], l = l_[size_t(b * kMaxLanes + lane)];
             // The sink joins the denominator in the same max-shifted domain: -inf adds 0, +inf zeroes out.
             const float sink = p_.attn_sink ? std::exp(p_.attn_sink[h * p_.attn_sink_stride] - m) : 0.0f;
             const float f = kv_scale_ / (l + sink);
-            const float* acc = &acc_[hl * vpad_];
-            for (int64_t x = 0; x < p_.d_v; ++x) out[x] = to_bf16_bits(acc[x] * f);
+            for (int64_t x = 0; x < p_.d_v; ++x) out[x] = to_bf16_bits(ot[x * lanes + lane] * f);
             max_logit = m;
             lse = m + std::log(l);
         }
     }
 
     const SparseMlaParams& p_;
-    const float* table_;
     const float logit_scale_, kv_scale_;
-    const int64_t vpad_;
-    std::vector<float> q_;    // [heads, d_qk] decoded q rows of the current token
-    std::vector<float> kt_;   // [d_qk, kChunk] decoded valid kv rows of the chunk, transposed
-    std::vector<float> v_;    // [kChunk, vpad] the same rows' first d_v columns
-    std::vector<float> acc_;  // [heads, vpad] unnormalised sum of p * V (without kv_scale)
-    std::vector<float> m_;    // running max logit per head
-    std::vector<float> l_;    // running sum of exp(s - m) per head
-    std::vector<float> s_;    // [kHeadBlock, kChunk] logits, then their exponentials
+    const int64_t ld_, dv_, blocks_;
+    std::vector<float> rows_;   // [kChunk, ld] the chunk's decoded valid kv rows; V is their head
+    std::vector<float> q_row_;  // [d_qk] one decoded q row
+    std::vector<float> qt_;     // [blocks][d_qk][lanes] q of the item's heads, heads innermost
+    std::vector<float> st_;     // [kChunk][lanes] one block's logits, then their exponentials
+    std::vector<float> ot_;     // [blocks][dv][lanes] unnormalised sum of p * V (without kv_scale)
+    std::vector<float> m_;      // [blocks][kMaxLanes] running max logit per head
+    std::vector<float> l_;      // [blocks][kMaxLanes] running sum of exp(s - m) per head
 };
+
+// What the threads share: the items (each a token's group of heads), the next one to take, and
+// whether to stop.
+struct Items {
+    const SparseMlaParams& p;
+    int64_t group_heads, groups;
+    std::atomic<int64_t> next{0};
+    std::atomic<bool> stop{false};
+};
+
+// Takes items until there are none left or a stop is asked for; the calling thread (poll) also asks
+// `interrupted` between items, at most once per kPollInterval.
+template <class V, class H, int R>
+inline void work(Worker& w, Items& items, const std::function<bool()>* poll) {
+    const int64_t count = items.p.s_q * items.groups;
+    auto last_poll = std::chrono::steady_clock::now();
+    while (!items.stop.load(std::memory_order_relaxed)) {
+        const int64_t i = items.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= count) return;
+        const int64_t t = i / items.groups, h0 = i % items.groups * items.group_heads;
+        w.item<V, H, R>(t, h0, std::min(items.p.h_q, h0 + items.group_heads));
+        if (poll && std::chrono::steady_clock::now() - last_poll >= kPollInterval) {
+            if ((*poll)()) items.stop.store(true, std::memory_order_relaxed);
+            last_poll = std::chrono::steady_clock::now();
+        }
+    }
+}
+
+// One entry per instruction set, each compiled for it with everything it calls inlined (flatten):
+// the wheel runs on any x86-64 and uses AVX2 or AVX-512 where the CPU has them. Head blocks are the
+// widest native vector (a wider one is lowered through memory); 8 accumulators plus a load and a
+// broadcast fit even SSE's 16 registers.
+using WorkFn = void (*)(Worker&, Items&, const std::function<bool()>*);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512vl,avx2,fma"), flatten)) void work_avx512(
+    Worker& w, Items& items, const std::function<bool()>* poll) {
+    work<f32x16, f32x8, 8>(w, items, poll);
+}
+__attribute__((target("avx2,fma"), flatten)) void work_avx2(Worker& w, Items& items,
+                                                            const std::function<bool()>* poll) {
+    work<f32x8, f32x4, 8>(w, items, poll);
+}
+#endif
+__attribute__((flatten)) void work_baseline(Worker& w, Items& items, const std::function<bool()>* poll) {
+    work<f32x4, f32x4, 8>(w, items, poll);
+}
+
+// The entries, best first, each with whether this CPU can run it.
+struct Entry {
+    const char* name;
+    WorkFn work;
+    bool (*runs_here)();
+};
+const Entry kEntries[] = {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    {"avx512", work_avx512, [] { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }},
+    {"avx2", work_avx2, [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }},
+#endif
+    {"baseline", work_baseline, [] { return true; }},
+};
+
+// The best entry this CPU runs, at most the one SPARSE_MLA_FP8_CPU_ISA names (read at each call).
+const Entry& entry() {
+    const char* cap = std::getenv(kIsaVariable);
+    bool allowed = cap == nullptr || *cap == '\0';
+    for (const Entry& e : kEntries) {
+        allowed = allowed || std::strcmp(cap, e.name) == 0;
+        if (allowed && e.runs_here()) return e;
+    }
+    std::string names;
+    for (const Entry& e : kEntries) names += std::string(names.empty() ? "" : ", ") + e.name;
+    throw std::invalid_argument(std::string(kIsaVariable) + " must be one of " + names + " (or unset), got \"" +
+                                cap + "\"");
+}
 
 }  // namespace
 
-void sparse_mla_prefill_cpu(const SparseMlaParams& p) {
-    if (p.s_q <= 0 || p.h_q <= 0) return;
+const char* sparse_mla_cpu_isa() { return entry().name; }
+
+bool sparse_mla_prefill_cpu(const SparseMlaParams& p, int64_t threads, const std::function<bool()>& interrupted) {
+    if (p.s_q <= 0 || p.h_q <= 0) return true;
+    const WorkFn work_fn = entry().work;
     const float q_scale = p.q_scale_ptr ? *p.q_scale_ptr : p.q_scale;
     const float kv_scale = p.kv_scale_ptr ? *p.kv_scale_ptr : p.kv_scale;
     const float logit_scale = p.sm_scale * q_scale * kv_scale;
 
-    const int64_t items = p.s_q * p.h_q;
-    const int64_t n_threads =
-        std::min<int64_t>(items, std::max<int64_t>(1, std::thread::hardware_concurrency()));
-    auto bound = [&](int64_t k) { return items / n_threads * k + std::min(k, items % n_threads); };
+    // A token's heads are split (in whole blocks: each group decodes the token's rows again) only as
+    // far as needed to give every thread kItemsPerThread items.
+    threads = std::max<int64_t>(1, threads);
+    const int64_t blocks = round_up(p.h_q, kMaxLanes) / kMaxLanes;
+    const int64_t wanted = std::clamp<int64_t>((kItemsPerThread * threads + p.s_q - 1) / p.s_q, 1, blocks);
+    const int64_t group_blocks = (blocks + wanted - 1) / wanted;
+    Items items{p, std::min(p.h_q, group_blocks * kMaxLanes), (blocks + group_blocks - 1) / group_blocks};
+    threads = std::min(threads, p.s_q * items.groups);
 
     // Scratch is allocated here, so that a failed allocation throws to the caller before any write.
     std::vector<Worker> workers;
-    workers.reserve(size_t(n_threads));
-    for (int64_t k = 0; k < n_threads; ++k)
-        workers.emplace_back(p, logit_scale, kv_scale, std::min(p.h_q, bound(k + 1) - bound(k)));
+    workers.reserve(size_t(threads));
+    for (int64_t k = 0; k < threads; ++k) workers.emplace_back(p, logit_scale, kv_scale, items.group_heads);
 
-    // Reserved up front, so that nothing can throw while a thread is running.
-    std::vector<std::thread> threads;
-    threads.reserve(size_t(n_threads));
-    std::vector<int64_t> inline_ranges;
-    inline_ranges.reserve(size_t(n_threads));
-    inline_ranges.push_back(0);
-    for (int64_t k = 1; k < n_threads; ++k) {
+    std::vector<std::thread> pool;
+    pool.reserve(size_t(threads));
+    for (int64_t k = 1; k < threads; ++k) {
         try {
-            threads.emplace_back([&workers, &bound, k] { workers[k].run(bound(k), bound(k + 1)); });
+            pool.emplace_back(work_fn, std::ref(workers[size_t(k)]), std::ref(items), nullptr);
         } catch (const std::system_error&) {
-            inline_ranges.push_back(k);  // no thread to be had: this one does the work itself
+            break;  // no more threads to be had: those running and this one share the items
         }
     }
-    for (int64_t k : inline_ranges) workers[k].run(bound(k), bound(k + 1));
-    for (std::thread& th : threads) th.join();
+    work_fn(workers[0], items, &interrupted);
+    for (std::thread& th : pool) th.join();
+    return !items.stop.load();
 }

@@ -24,7 +24,9 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
 
     The launch goes to the inputs' device on `stream` (an int cudaStream_t, or an object with
     __cuda_stream__() or .cuda_stream; default: torch's current stream for torch tensors, else the
-    legacy default stream). CPU arrays run the same operation on the CPU.
+    legacy default stream). CPU arrays run the same operation on the CPU, on torch.get_num_threads()
+    threads for torch tensors, else OMP_NUM_THREADS or all the cores this process may use; Ctrl-C
+    interrupts it.
 
     (_force_kernel, for the tests: the name of a kernel of the registry to run instead of the one the
     native module would choose.)
@@ -66,7 +68,7 @@ def _prefill_plain(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
         if a_framework is None:
             return None  # nanobind would take some non-arrays (buffers) that the checks refuse
         exported.append(a_framework.export(a))
-    _C.prefill(*exported, handle, force_kernel)
+    _C.prefill(*exported, handle, force_kernel, cpu_threads=_cpu_threads(framework, device))
     return out, max_logits, lse
 
 
@@ -80,7 +82,7 @@ def _prefill_checked(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink
     if s_q:
         _C.prefill(export(q), export(kv), export(indices), sm_scale, export(q_scale), export(kv_scale),
                    export(attn_sink), export(topk_length), export(out), export(max_logits), export(lse),
-                   handle, force_kernel)
+                   handle, force_kernel, cpu_threads=_cpu_threads(framework, device))
     return out, max_logits, lse
 
 
@@ -88,6 +90,11 @@ def _require_kernel(device, d_qk):
     """ValueError unless a CUDA device has a kernel for d_qk (the native module chooses which)."""
     if device[0] == "cuda":
         require_kernel(device[1], d_qk)
+
+
+def _cpu_threads(framework, device):
+    """The thread count for the CPU path; 0 (unused) for a CUDA device."""
+    return framework.cpu_threads() if device[0] == "cpu" else 0
 
 
 def _outputs(framework, q, s_q, h_q, d_v, out, max_logits, lse):

@@ -6,8 +6,19 @@ that framework is seen: by then the caller has imported it, so the package never
 or JAX on its own.
 """
 
+import os
+
 # A device is (kind, index): ("cpu", 0), ("cuda", N), or another DLPack kind the kernels do not run on.
 _DLPACK_KINDS = {1: "cpu", 2: "cuda"}
+
+
+def default_cpu_threads():
+    """Threads for the CPU path outside torch: OMP_NUM_THREADS (its first level, as OpenMP reads it)
+    where it is a positive integer, else the cores this process may run on."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def device_name(device):
@@ -37,6 +48,9 @@ class _DLPack:
 
     def default_stream(self, a, device):
         return 0
+
+    def cpu_threads(self):
+        return default_cpu_threads()
 
     def export(self, a):
         return a
@@ -125,6 +139,9 @@ class _Torch:
 
     def default_stream(self, a, device):
         return self._current_stream(device[1]) if device[0] == "cuda" else 0
+
+    def cpu_threads(self):
+        return self._torch.get_num_threads()  # what torch.set_num_threads set, as torch's own CPU ops
 
     def bf16_to_float32(self, a):
         torch = self._torch
