@@ -87,14 +87,20 @@ ScaleArg DLPackArrays::scale(nb::handle s, const char* name) {
 
 ArrayView AbstractArrays::input(nb::handle a, const char* name) {
     if (!nb::hasattr(a, "shape") || !nb::hasattr(a, "dtype")) not_an_array(name, a);
-    const nb::tuple shape = nb::tuple(a.attr("shape"));
+    const nb::object shape_seq = a.attr("shape");
+    PyObject* shape_tuple = PySequence_Tuple(shape_seq.ptr());
+    if (!shape_tuple) throw nb::python_error();
+    const nb::tuple shape = nb::steal<nb::tuple>(shape_tuple);
     if (shape.size() > kMaxDims)
         throw std::invalid_argument(std::string(name) + " must have at most " + std::to_string(kMaxDims) +
                                     " dimensions, got " + std::to_string(shape.size()));
     int64_t* dims = shapes_[count_++];
     for (size_t i = 0; i < shape.size(); ++i) dims[i] = nb::cast<int64_t>(shape[i]);
     ArrayView v;
-    v.dtype = dtype_named(nb::cast<std::string>(nb::str(a.attr("dtype"))));
+    const nb::object dtype = a.attr("dtype");
+    PyObject* dtype_text = PyObject_Str(dtype.ptr());  // str(): NumPy's, JAX's and torch's dtypes all name themselves
+    if (!dtype_text) throw nb::python_error();
+    v.dtype = dtype_named(nb::cast<std::string>(nb::steal(dtype_text)));
     v.ndim = static_cast<int32_t>(shape.size());
     v.shape = dims;
     return v;

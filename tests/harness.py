@@ -22,12 +22,27 @@ def table_dims():
     return sorted({c["d_qk"] for c in sparse_mla_fp8.capabilities()})
 
 
+def dim(d_qk):
+    """d_qk if this build compiled it, else the compiled head dim nearest to it: a case written for the
+    default build's 512 and 576 runs on a build with other SPARSE_MLA_HEAD_DIMS too."""
+    return min(table_dims(), key=lambda d: (abs(d - d_qk), d))
+
+
+def gpu_supported(device):
+    """Whether `device` runs one of this build's head dims at all."""
+    return any(sparse_mla_fp8.supports(d, device=device) for d in table_dims())
+
+
 def dims_error(d_qk):
     return f"sparse_mla_q8kv8_prefill_fwd supports d_qk={'/'.join(map(str, table_dims()))}, got {d_qk}"
 
 
 def d_v_error(d_v):
     return f"sparse_mla_q8kv8_prefill_fwd requires d_v=512, got {d_v}"
+
+
+def precision_error(value):
+    return f'precision must be "exact" or "fast", got {value!r}'
 
 
 def seed_of(*parts):
@@ -51,6 +66,7 @@ class Case:
     attn_sink: np.ndarray | None = None  # [h_q] float32
     topk_length: np.ndarray | None = None  # [s_q] int32
     scales_as_arrays: tuple = (False, False)  # pass q_scale / kv_scale as 1-element float32 arrays
+    precision: str | None = None  # prefill's keyword; None leaves it out (the default)
 
     @property
     def s_q(self):
@@ -89,6 +105,19 @@ def embedded(a, root_shape, select, fill):
     return view
 
 
+def unaligned_q(case):
+    """q's rows off the 16-byte grid (the kernels' byte-copy path): the first 1 byte past it, each row
+    3 bytes past the one before."""
+    s_q, h_q, d_qk = case.q.shape
+    case.q = embedded(case.q, (s_q, h_q, d_qk + 3), lambda r: r[:, :, 1:1 + d_qk], 0x7F)
+
+
+def unaligned_kv(case):
+    """kv's rows off the 16-byte grid: row stride d_qk + 5, from 3 bytes past it."""
+    s_kv, _, d_qk = case.kv.shape
+    case.kv = embedded(case.kv, (s_kv, 1, d_qk + 5), lambda r: r[:, :, 3:3 + d_qk], 0x7F)
+
+
 def _layout(a):
     """(flat root, offset, strides), in elements, of a NumPy view, so that a backend can rebuild the same
     view over its own copy of the root: a test of strides must reach the library with those strides."""
@@ -117,7 +146,7 @@ class Backend:
                 gpus = 0
             if not gpus:
                 pytest.skip("no CUDA device visible to CuPy")
-        if device != "cpu" and not sparse_mla_fp8.supports(576, device=device):
+        if device != "cpu" and not gpu_supported(device):
             pytest.skip(f"{device} has no compiled specialization")
 
     def put(self, a, fp8=False):
@@ -219,6 +248,8 @@ def call_args(backend, case, provide=True):
               indices=backend.put(case.indices), sm_scale=case.sm_scale, q_scale=q_scale,
               kv_scale=kv_scale, attn_sink=backend.put(case.attn_sink),
               topk_length=backend.put(case.topk_length))
+    if case.precision is not None:
+        kw["precision"] = case.precision
     if provide:
         kw.update(out=backend.out_buffer((case.s_q, case.h_q, D_V)),
                   max_logits=backend.f32_buffer((case.s_q, case.h_q)),

@@ -2,13 +2,14 @@
 check_config(). Dims are read from the table, as a build with other dims must still pass."""
 
 import os
+import pathlib
 import re
 
 import pytest
 
 import sparse_mla_fp8
-from sparse_mla_fp8 import _capabilities
-from harness import d_v_error, dims_error, table_dims
+from harness import d_v_error, dim, dims_error, table_dims
+from sparse_mla_fp8 import _C, _capabilities
 
 UNKNOWN_D_QK = next(d for d in (128, 64, 256, 1024) if d not in table_dims())
 
@@ -25,15 +26,27 @@ def test_table_entries():
     assert table
     for entry in table:
         assert {"arch", "d_qk", "d_v", "fatbin"} <= set(entry), entry
-        assert entry["d_v"] == 512
+        assert entry["d_v"] == _C.D_V  # the d_v the native module checks calls against (the kernels')
         assert (entry["arch"] is None) == (entry["fatbin"] is None), entry
         if entry["arch"] is not None:
             assert re.fullmatch(r"sm_\d+a?", entry["arch"]), entry
             assert os.path.isabs(entry["fatbin"]) and os.path.isfile(entry["fatbin"]), entry
 
 
+def test_table_matches_the_native_module():
+    """The table (CMake's manifest) and the native module's checks (compiled in) name the same dims: a
+    stale manifest or module beside the other would refuse what the table offers, or the reverse."""
+    assert table_dims() == sorted(_C.head_dims())
+
+
 def test_default_dims():
-    assert {512, 576} <= set(table_dims())
+    """CMake's default is the contract's 512 and 576 (a build with other SPARSE_MLA_HEAD_DIMS follows
+    its own table, above)."""
+    cmake = pathlib.Path(__file__).parent.parent / "CMakeLists.txt"
+    if not cmake.is_file():
+        pytest.skip("not run from a source tree")
+    default = re.search(r'set\(SPARSE_MLA_HEAD_DIMS "([^"]*)"', cmake.read_text()).group(1)
+    assert default.split(";") == ["512", "576"]
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
@@ -48,7 +61,7 @@ def test_supports(device):
 def test_supports_cuda_without_gpu():
     if not _no_gpu():
         pytest.skip("a GPU is present: test_gpu.py covers it")
-    assert sparse_mla_fp8.supports(576, device="cuda") is False
+    assert sparse_mla_fp8.supports(table_dims()[0], device="cuda") is False
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
@@ -58,12 +71,12 @@ def test_check_config(device):
     with pytest.raises(ValueError, match=re.escape(dims_error(UNKNOWN_D_QK))):
         sparse_mla_fp8.check_config(d_qk=UNKNOWN_D_QK, d_v=512, device=device)
     with pytest.raises(ValueError, match=re.escape(d_v_error(256))):
-        sparse_mla_fp8.check_config(d_qk=576, d_v=256, device=device)
+        sparse_mla_fp8.check_config(d_qk=dim(576), d_v=256, device=device)
 
 
 def test_check_config_torch_device():
     torch = pytest.importorskip("torch")
-    assert sparse_mla_fp8.check_config(576, device=torch.device("cpu")) is None
+    assert sparse_mla_fp8.check_config(dim(576), device=torch.device("cpu")) is None
     with pytest.raises(ValueError, match=re.escape(dims_error(UNKNOWN_D_QK))):
         sparse_mla_fp8.check_config(UNKNOWN_D_QK, device=torch.device("cpu"))
 

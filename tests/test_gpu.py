@@ -12,13 +12,14 @@ import pytest
 import sparse_mla_fp8
 from sparse_mla_fp8 import _C
 from sparse_mla_fp8._frameworks import export
-from harness import (INT_MAX, INT_MIN, Backend, assert_matches, assert_refused, call_args, dims_error,
-                     invoke, random_case, results_numpy, run_and_check, seed_of, table_dims)
+from harness import (INT_MAX, INT_MIN, Backend, assert_matches, assert_refused, call_args, dim, dims_error,
+                     gpu_supported, invoke, random_case, results_numpy, run_and_check, seed_of, table_dims,
+                     unaligned_kv, unaligned_q)
 
 KERNELS = _C.kernel_names()
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available() or not sparse_mla_fp8.supports(576, device="cuda"):
+if not torch.cuda.is_available() or not gpu_supported("cuda"):
     pytest.skip("needs a CUDA GPU with a compiled specialization", allow_module_level=True)
 
 pytestmark = pytest.mark.gpu
@@ -50,7 +51,8 @@ def _runs(h_q, topk, kernel):
 def test_large(cuda, shape, checked, kernel):
     """Every token is checked for NaN (unwritten outputs); `checked` random ones against the reference."""
     _runs(shape[2], shape[4], kernel)
-    case = _many_tokens_case(seed_of(shape), *shape)
+    s_q, s_kv, h_q, d_qk, topk = shape
+    case = _many_tokens_case(seed_of(shape), s_q, s_kv, h_q, dim(d_qk), topk)
     s_q = shape[0]
     tokens = np.unique(np.r_[0, s_q - 1, np.random.default_rng(1).choice(s_q, checked, replace=False)])
     run_and_check(cuda, case, tokens=tokens)
@@ -142,6 +144,19 @@ def test_native_launch_takes_the_fatbin_of_d_qk(cuda, d_qk):
     assert_matches(results_numpy(cuda, (kw["out"], kw["max_logits"], kw["lse"])), case.reference(), cuda.tol)
 
 
+@pytest.mark.parametrize("unaligned", [unaligned_q, unaligned_kv], ids=["q", "kv"])
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d_qk", table_dims())
+def test_unaligned_rows(cuda, d_qk, kernel, unaligned):
+    """q or kv rows off the 16-byte grid (params.rows_16b_aligned false): each kernel's byte copies,
+    forced on the call of test_every_kernel."""
+    case = _items_case(seed_of("unaligned", d_qk, kernel, unaligned.__name__), 200, 3000, 70, d_qk, 300)
+    unaligned(case)
+    kw = call_args(cuda, case)
+    assert cuda.address(kw["q"]) % 16 or cuda.address(kw["kv"]) % 16, "the layout reached the GPU aligned"
+    run_and_check(cuda, case, force_kernel=kernel)
+
+
 class _Protocol:  # only __cuda_stream__, as CUDA Python and other libraries export it
     def __init__(self, stream):
         self.stream = stream
@@ -169,7 +184,7 @@ def test_stream(cuda, how):
     """q becomes valid only once a slow copy queued on the side stream ends: a launch on any other
     stream (e.g. the legacy default one, which does not wait for torch's non-blocking streams) reads
     NaN."""
-    case = random_case(seed_of("stream", how), 8, 4096, 64, 576, 256)
+    case = random_case(seed_of("stream", how), 8, 4096, 64, dim(576), 256)
     kw = call_args(cuda, case)
     q_bytes = kw["q"].view(torch.uint8)
     good_q = q_bytes.clone()
@@ -187,6 +202,36 @@ def test_stream(cuda, how):
     assert_matches(results_numpy(cuda, result), case.reference(), cuda.tol)
 
 
+_SPIN_THEN_COPY = r"""
+extern "C" __global__ void spin_then_copy(const unsigned char* src, unsigned char* dst, long long n, long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+"""
+
+
+def test_cupy_current_stream():
+    """CuPy arrays, no stream named, inside `with stream:` of a non-blocking CuPy stream: q becomes valid
+    only once a slow kernel queued there ends, so a launch on any other stream reads NaN."""
+    cupy = pytest.importorskip("cupy")
+    backend = Backend("cupy", "cuda")
+    case = random_case(seed_of("cupy stream"), 8, 4096, 64, dim(576), 256)
+    kw = call_args(backend, case)
+    q = kw["q"]
+    assert q.flags.c_contiguous
+    good_q = q.copy()
+    q.fill(0x7F)
+    cupy.cuda.runtime.deviceSynchronize()
+    spin = cupy.RawKernel(_SPIN_THEN_COPY, "spin_then_copy")
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        spin((1,), (256,), (good_q, q, np.int64(q.size), np.int64(100_000_000)))  # some 50 ms
+        result = invoke(kw)
+    side.synchronize()
+    assert_matches(results_numpy(backend, result), case.reference(), backend.tol)
+
+
 MIXED = {  # one array on the CPU, the others on the GPU
     "q": lambda kw: {"q": kw["q"].cpu()},
     "kv": lambda kw: {"kv": kw["kv"].cpu()},
@@ -201,7 +246,7 @@ MIXED = {  # one array on the CPU, the others on the GPU
 
 @pytest.mark.parametrize("on_cpu", MIXED)
 def test_mixed_devices(cuda, on_cpu):
-    case = random_case(3, 4, 100, 8, 576, 16)
+    case = random_case(3, 4, 100, 8, dim(576), 16)
     case.attn_sink = np.zeros(8, np.float32)
     case.topk_length = np.full(4, 16, np.int32)
     case.scales_as_arrays = (True, True)
@@ -216,7 +261,7 @@ def test_inputs_on_another_gpu():
         pytest.skip("needs two GPUs")
     backend = Backend("torch-fp8", "cuda:1")
     with torch.cuda.device(0):
-        run_and_check(backend, random_case(9, 4, 500, 70, 576, 300))
+        run_and_check(backend, random_case(9, 4, 500, 70, dim(576), 300))
 
 
 def test_table_on_gpu(tmp_path):

@@ -7,10 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from harness import Backend, assert_refused, call_args, random_case
+from harness import Backend, assert_refused, call_args, dim, precision_error, random_case
 from sparse_mla_fp8 import _C
 
-S_Q, H_Q, D_QK = 3, 5, 576
+S_Q, H_Q, D_QK = 3, 5, dim(576)
 NUMPY = Backend("numpy", "cpu")
 
 
@@ -36,13 +36,16 @@ BAD = {
     "q_float32": lambda kw: {"q": np.zeros(kw["q"].shape, np.float32)},
     "indices_int64": lambda kw: {"indices": kw["indices"].astype(np.int64)},
     "out_float32": lambda kw: {"out": np.zeros(kw["out"].shape, np.float32)},
-    "kv_other_d_qk": lambda kw: {"kv": kw["kv"][..., :512]},
+    "kv_other_d_qk": lambda kw: {"kv": kw["kv"][..., :D_QK - 64]},
     "indices_other_s_q": lambda kw: {"indices": kw["indices"][:-1]},
     "q_last_dim_strided": lambda kw: {"q": np.zeros((S_Q, H_Q, 2 * D_QK), np.uint8)[..., ::2]},
     "max_logits_is_lse": lambda kw: {"max_logits": kw["lse"]},
     "lse_over_attn_sink": lambda kw: {"attn_sink": kw["lse"][0]},
     "q_scale_float64_array": lambda kw: {"q_scale": np.ones(1, np.float64)},
     "q_scale_two_elements": lambda kw: {"q_scale": np.ones(2, np.float32)},
+    "lse_over_kv_scale": lambda kw: {"kv_scale": kw["lse"][1, 1:2]},
+    "out_read_only": lambda kw: {"out": np.frombuffer(kw["out"].tobytes(), np.uint16).reshape(kw["out"].shape)},
+    "q_not_an_array": lambda kw: {"q": kw["q"].tolist()},
 }
 
 
@@ -110,3 +113,65 @@ def test_force_kernel_refused_on_the_cpu():
     kw = _args()
     assert_refused(lambda: _C.prefill(*_positional(kw), 0, "wide"), ValueError, NUMPY,
                    [x for x in kw.values() if hasattr(x, "shape")], match="arrays are on the CPU")
+
+
+def test_native_runs_no_tokens():
+    """s_q = 0: checked, then nothing to run (an empty array's strides are whatever its exporter wrote)."""
+    kw = _args()
+    for name in ("q", "indices", "out", "max_logits", "lse", "topk_length"):
+        kw[name] = kw[name][:0]
+    _call(kw)
+
+
+class _Abstract:
+    """What JAX and torch trace with: a shape and a dtype, no data."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def _abstract(kw, dtype_name=str):
+    return {k: _Abstract(v.shape, dtype_name(v.dtype)) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+
+
+def _check(kw, **keywords):
+    return _C.check(kw["q"], kw["kv"], kw["indices"], kw["sm_scale"], kw["q_scale"], kw["kv_scale"],
+                    kw["attn_sink"], kw["topk_length"], kw["out"], kw["max_logits"], kw["lse"], **keywords)
+
+
+@pytest.mark.parametrize("outputs", [True, False], ids=["outputs", "no_outputs"])
+def test_check_takes_abstract_arrays(outputs):
+    kw = _abstract(_args())
+    if not outputs:
+        kw.update(out=None, max_logits=None, lse=None)
+    _check(kw)
+    _check(kw, precision="fast")
+    torch_named = _abstract(_args(), lambda dt: {"uint8": "torch.float8_e4m3fn", "uint16": "torch.bfloat16"}.get(
+        str(dt), "torch." + str(dt)))
+    _check(torch_named)
+
+
+ABSTRACT_BAD = {  # the refusals that need no data, as prefill words them
+    "q_float32": (lambda kw: {"q": _Abstract(kw["q"].shape, "float32")}, TypeError, "q must be float8_e4m3fn"),
+    "kv_other_d_qk": (lambda kw: {"kv": _Abstract((64, 1, D_QK - 64), "uint8")}, ValueError, "kv must have shape"),
+    "out_shape": (lambda kw: {"out": _Abstract((S_Q, H_Q, 256), "uint16")}, ValueError, "out must have shape"),
+    "d_qk": (lambda kw: {"q": _Abstract((S_Q, H_Q, 128), "uint8"), "kv": _Abstract((64, 1, 128), "uint8")},
+             ValueError, "sparse_mla_q8kv8_prefill_fwd supports d_qk="),
+    "topk_length_dtype": (lambda kw: {"topk_length": _Abstract((S_Q,), "int64")}, TypeError, "topk_length must be"),
+    "q_scale_shape": (lambda kw: {"q_scale": _Abstract((2,), "float32")}, ValueError, "q_scale must have 1 element"),
+    "q_no_shape": (lambda kw: {"q": object()}, TypeError, "q must be an array"),
+}
+
+
+@pytest.mark.parametrize("bad", ABSTRACT_BAD)
+def test_check_refuses_abstract_arrays(bad):
+    changes, exc, text = ABSTRACT_BAD[bad]
+    kw = _abstract(_args())
+    kw.update(changes(kw))
+    with pytest.raises(exc, match=re.escape(text)):
+        _check(kw)
+
+
+def test_check_refuses_precision():
+    with pytest.raises(ValueError, match=re.escape(precision_error("FAST"))):
+        _check(_abstract(_args()), precision="FAST")

@@ -24,11 +24,25 @@ def test_import_loads_no_framework(tmp_path):
     assert run.stdout.strip() == "[]", run.stdout
 
 
+def _info_table(stdout):
+    """(arch, d_qk, d_v, fatbin) of each row under "capability table:" in `info`'s output."""
+    lines = stdout.splitlines()
+    start = lines.index("capability table:") + 2  # past the column names
+    rows = []
+    for line in lines[start:]:
+        fields = line.split()
+        if not line.startswith(" ") or len(fields) != 4:
+            break
+        rows.append((fields[0], int(fields[1]), int(fields[2]), fields[3]))
+    return rows
+
+
 def test_cli_info(tmp_path):
     run = _python(["-m", "sparse_mla_fp8", "info"], tmp_path)
     assert run.returncode == 0, run.stderr
-    for d_qk in table_dims():
-        assert str(d_qk) in run.stdout, run.stdout
+    rows = _info_table(run.stdout)
+    assert sorted({d_qk for _, d_qk, _, _ in rows}) == table_dims(), run.stdout
+    assert {d_v for _, _, d_v, _ in rows} == {sparse_mla_fp8._C.D_V}, run.stdout
 
 
 def test_cli_info_kernels(tmp_path):

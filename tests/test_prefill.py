@@ -6,10 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness import (D_V, INT_MAX, INT_MIN, OUT_POISON, assert_matches, call_args, embedded, invoke,
-                     random_case, results_numpy, run_and_check, seed_of, table_dims)
+from harness import (D_V, INT_MAX, INT_MIN, OUT_POISON, assert_matches, call_args, dim, embedded, invoke,
+                     random_case, results_numpy, run_and_check, seed_of, table_dims, unaligned_kv, unaligned_q)
 
-SHAPES = [  # (s_q, s_kv, h_q, d_qk, topk): odd h_q and topk, topk > s_kv (so duplicates), 64/128 multiples
+SHAPES = [  # (s_q, s_kv, h_q, d_qk, topk): odd h_q and topk, topk > s_kv (so duplicates), 64/128 multiples;
+    # d_qk as in the default build (dim() maps it onto the table of others)
     (3, 50, 1, 512, 1),
     (5, 200, 3, 576, 7),
     (4, 300, 17, 512, 100),
@@ -30,10 +31,11 @@ SHAPES = [  # (s_q, s_kv, h_q, d_qk, topk): odd h_q and topk, topk > s_kv (so du
 @pytest.mark.parametrize("provide", [True, False], ids=["provided", "allocated"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
 def test_random_shapes(backend, shape, provide):
-    run_and_check(backend, random_case(seed_of(shape), *shape), provide=provide)
+    s_q, s_kv, h_q, d_qk, topk = shape
+    run_and_check(backend, random_case(seed_of(shape), s_q, s_kv, h_q, dim(d_qk), topk), provide=provide)
 
 
-@pytest.mark.parametrize("d_qk", [512, 576])
+@pytest.mark.parametrize("d_qk", table_dims())
 def test_invalid_and_duplicate_indices(backend, d_qk):
     s_kv = 300
     case = random_case(seed_of("indices", d_qk), 6, s_kv, 17, d_qk, 100)
@@ -59,7 +61,7 @@ LENGTHS = {  # topk_length per token, for topk = 100
 @pytest.mark.parametrize("kind", LENGTHS)
 def test_topk_length(backend, kind):
     s_q, s_kv, topk = 9, 400, 100
-    case = random_case(seed_of("topk_length", kind), s_q, s_kv, 3, 576, topk)
+    case = random_case(seed_of("topk_length", kind), s_q, s_kv, 3, dim(576), topk)
     case.topk_length = LENGTHS[kind](np.random.default_rng(7), s_q).astype(np.int32)
     # Slots past a token's length name rows of the upper half, which no valid slot names: NaN rows.
     beyond = np.arange(topk) >= case.topk_length[:, None].astype(np.int64)
@@ -78,7 +80,7 @@ SINKS = {  # attn_sink per head
 
 @pytest.mark.parametrize("kind", SINKS)
 def test_attn_sink(backend, kind):
-    case = random_case(seed_of("sink", kind), 5, 300, 17, 576, 100)
+    case = random_case(seed_of("sink", kind), 5, 300, 17, dim(576), 100)
     case.attn_sink = SINKS[kind](np.random.default_rng(3), case.h_q).astype(np.float32)
     out, max_logits, lse = run_and_check(backend, case)
     plain = results_numpy(backend, invoke(call_args(backend, dataclasses.replace(case, attn_sink=None))))
@@ -92,7 +94,7 @@ def test_attn_sink(backend, kind):
 @pytest.mark.parametrize("with_sink", [False, True], ids=["no_sink", "sink"])
 def test_rows_without_valid_slot(backend, with_sink):
     topk = 50
-    case = random_case(seed_of("empty rows", with_sink), 6, 100, 17, 512, topk)
+    case = random_case(seed_of("empty rows", with_sink), 6, 100, 17, dim(512), topk)
     case.indices[0] = -1
     case.indices[2, 0] = np.array([INT_MIN, INT_MAX, 100, -100, 100_000], np.int32)[np.arange(topk) % 5]
     case.indices[5, 0] = 100 + np.arange(topk)
@@ -106,7 +108,7 @@ def test_rows_without_valid_slot(backend, with_sink):
 
 @pytest.mark.parametrize("provide", [True, False], ids=["provided", "allocated"])
 def test_no_tokens(backend, provide):
-    case = random_case(0, 0, 50, 3, 576, 7)
+    case = random_case(0, 0, 50, 3, dim(576), 7)
     case.attn_sink = np.zeros(3, np.float32)
     case.topk_length = np.zeros(0, np.int32)
     run_and_check(backend, case, provide=provide)
@@ -141,11 +143,12 @@ def _small_arrays_strided(case):  # indices, attn_sink and topk_length as views 
 
 LAYOUTS = {f.__name__[1:]: f for f in
            (_q_every_other_head, _q_head_major, _kv_padded_rows, _kv_interleaved, _small_arrays_strided)}
+LAYOUTS.update(q_unaligned=unaligned_q, kv_unaligned=unaligned_kv)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_strided_inputs(backend, layout):
-    case = random_case(seed_of("layout", layout), 5, 300, 17, 576, 100)
+    case = random_case(seed_of("layout", layout), 5, 300, 17, dim(576), 100)
     rng = np.random.default_rng(5)
     case.attn_sink = rng.standard_normal(case.h_q).astype(np.float32)
     case.topk_length = rng.integers(-5, 110, case.s_q).astype(np.int32)
@@ -156,14 +159,14 @@ def test_strided_inputs(backend, layout):
 @pytest.mark.parametrize("as_arrays", [(False, False), (True, True), (True, False), (False, True)],
                          ids=["floats", "arrays", "q_array", "kv_array"])
 def test_scales(backend, as_arrays):
-    case = random_case(seed_of("scales", as_arrays), 4, 300, 17, 512, 100)
+    case = random_case(seed_of("scales", as_arrays), 4, 300, 17, dim(512), 100)
     case.q_scale, case.kv_scale, case.scales_as_arrays = 0.37, 1.9, as_arrays
     run_and_check(backend, case)
 
 
 def test_scalar_types(backend):
-    """Scales given as ints or NumPy scalars (the checked path) give the bits that floats give."""
-    case = random_case(seed_of("scalar types"), 3, 200, 5, 512, 40)
+    """Scales given as ints or NumPy scalars give the bits that floats give."""
+    case = random_case(seed_of("scalar types"), 3, 200, 5, dim(512), 40)
     case.sm_scale, case.q_scale, case.kv_scale = 0.0625, 0.5, 2.0
     want = invoke(call_args(backend, case))
     for sm_scale, q_scale, kv_scale in ((np.float32(0.0625), 0.5, 2), (0.0625, np.float64(0.5), np.float32(2.0))):
@@ -174,7 +177,7 @@ def test_scalar_types(backend):
 
 
 def test_strided_outputs(backend):
-    case = random_case(4, 5, 300, 17, 576, 100)
+    case = random_case(4, 5, 300, 17, dim(576), 100)
     s_q, h_q = case.s_q, case.h_q
     out_root = backend.out_buffer((s_q, 2 * h_q, D_V + 64))
     max_logits_root = backend.f32_buffer((s_q, 3 * h_q))
@@ -196,7 +199,7 @@ def test_strided_outputs(backend):
 
 def test_out_rows_4_byte_aligned(backend):
     # rows that start 4 bytes past a 16-byte boundary: the kernel stores O 4 bytes at a time there
-    case = random_case(6, 3, 300, 70, 512, 100)
+    case = random_case(6, 3, 300, 70, dim(512), 100)
     s_q, h_q = case.s_q, case.h_q
     out_root = backend.out_buffer((s_q, h_q, D_V + 2))
     kw = call_args(backend, case, provide=False)
@@ -207,7 +210,7 @@ def test_out_rows_4_byte_aligned(backend):
 
 
 def test_deterministic(backend):
-    case = random_case(5, 4, 2000, 70, 576, 300)
+    case = random_case(5, 4, 2000, 70, dim(576), 300)
     case.attn_sink = np.random.default_rng(5).standard_normal(case.h_q).astype(np.float32)
     first = invoke(call_args(backend, case))
     second = invoke(call_args(backend, case))
@@ -218,7 +221,7 @@ def test_deterministic(backend):
 @pytest.mark.parametrize("provide", [True, False], ids=["provided", "allocated"])
 @pytest.mark.parametrize("as_arrays", [True, False], ids=["tensor_scales", "float_scales"])
 def test_sglang_drop_in(torch_backend, as_arrays, provide):
-    case = random_case(6, 5, 300, 17, 576, 100)
+    case = random_case(6, 5, 300, 17, dim(576), 100)
     rng = np.random.default_rng(6)
     case.q_scale, case.kv_scale, case.scales_as_arrays = 0.5, 1.5, (as_arrays, as_arrays)
     case.attn_sink = rng.standard_normal(case.h_q).astype(np.float32)
@@ -246,3 +249,18 @@ def test_everything_at_once(backend, seed):
     case.poison_unreferenced_kv()
     LAYOUTS[layout](case)
     run_and_check(backend, case, provide=bool(rng.random() < 0.5))
+
+
+@pytest.mark.parametrize("precision", [None, "exact", "fast"], ids=["default", "exact", "fast"])
+def test_precision(backend, precision):
+    """Both modes within the contract on every backend; the CPU path computes exactly for both."""
+    case = random_case(seed_of("precision", precision), 4, 500, 17, dim(576), 130)
+    rng = np.random.default_rng(8)
+    case.attn_sink = rng.standard_normal(case.h_q).astype(np.float32)
+    case.topk_length = rng.integers(0, 140, case.s_q).astype(np.int32)
+    case.precision = precision
+    got = run_and_check(backend, case)
+    if backend.device == "cpu":
+        exact = results_numpy(backend, invoke(call_args(backend, dataclasses.replace(case, precision="exact"))))
+        for a, b in zip(got, exact):
+            np.testing.assert_array_equal(a, b)

@@ -4,10 +4,10 @@ fixes it, else the argument it must name), and nothing written to any buffer the
 import numpy as np
 import pytest
 
-from harness import (D_V, INT_MAX, Backend, assert_refused, call_args, d_v_error, dims_error, e4m3_randn,
-                     embedded, invoke, random_case, table_dims)
+from harness import (D_V, INT_MAX, Backend, assert_refused, call_args, d_v_error, dim, dims_error, e4m3_randn,
+                     embedded, invoke, precision_error, random_case, run_and_check, table_dims)
 
-S_Q, S_KV, H_Q, D_QK, TOPK = 4, 100, 8, 576, 16
+S_Q, S_KV, H_Q, D_QK, TOPK = 4, 100, 8, dim(576), 16
 _RNG = np.random.default_rng(0)
 
 
@@ -30,6 +30,16 @@ def _overlapping_stats(b, kw):
 def _lse_over_sink(b, kw):
     lse = b.f32_buffer((S_Q, H_Q))
     return {"lse": lse, "attn_sink": lse[1]}
+
+
+def _max_logits_over_q_scale(b, kw):
+    both = b.f32_buffer((S_Q, H_Q + 1))
+    return {"max_logits": both[:, :H_Q], "q_scale": both[0, H_Q:]}  # between max_logits' rows
+
+
+def _lse_over_kv_scale(b, kw):
+    lse = b.f32_buffer((S_Q, H_Q))
+    return {"lse": lse, "kv_scale": lse[1, 2:3]}
 
 
 def _d_qk_not_in_table(b, kw):
@@ -71,7 +81,7 @@ REFUSALS = [
     ("q_2d", lambda b, kw: {"q": _fp8(b, (S_Q * H_Q, D_QK))}, ValueError, None, ["q"]),
     ("q_4d", lambda b, kw: {"q": _fp8(b, (S_Q, H_Q, 1, D_QK))}, ValueError, None, ["q"]),
     ("kv_two_heads", lambda b, kw: {"kv": _fp8(b, (S_KV, 2, D_QK))}, ValueError, None, ["kv"]),
-    ("kv_other_d_qk", lambda b, kw: {"kv": _fp8(b, (S_KV, 1, 512))}, ValueError, None, ["kv"]),
+    ("kv_other_d_qk", lambda b, kw: {"kv": _fp8(b, (S_KV, 1, D_QK - 64))}, ValueError, None, ["kv"]),
     ("kv_2d", lambda b, kw: {"kv": _fp8(b, (S_KV, D_QK))}, ValueError, None, ["kv"]),
     ("indices_s_q", lambda b, kw: {"indices": _zeros(b, (S_Q + 1, 1, TOPK), np.int32)}, ValueError, None,
      ["indices"]),
@@ -114,6 +124,13 @@ REFUSALS = [
     ("max_logits_is_lse", lambda b, kw: {"max_logits": kw["lse"]}, ValueError, None, ["max_logits", "lse"]),
     ("max_logits_overlaps_lse", _overlapping_stats, ValueError, None, ["max_logits", "lse"]),
     ("lse_overlaps_attn_sink", _lse_over_sink, ValueError, None, ["lse", "attn_sink"]),
+    ("max_logits_overlaps_q_scale", _max_logits_over_q_scale, ValueError, None, ["max_logits", "q_scale"]),
+    ("lse_overlaps_kv_scale", _lse_over_kv_scale, ValueError, None, ["lse", "kv_scale"]),
+    # precision: the contract's fixed text
+    ("precision_unknown", lambda b, kw: {"precision": "fastest"}, ValueError, precision_error("fastest"), []),
+    ("precision_capitalised", lambda b, kw: {"precision": "Exact"}, ValueError, precision_error("Exact"), []),
+    ("precision_empty", lambda b, kw: {"precision": ""}, ValueError, precision_error(""), []),
+    ("precision_not_a_string", lambda b, kw: {"precision": 1}, ValueError, precision_error(1), []),
 ]
 
 
@@ -136,15 +153,34 @@ def test_refused(backend, changes, exc, text, names):
 
 
 def test_good_arguments_pass(backend):
-    """The refusals above change one argument of this call, which goes through."""
-    kw = call_args(backend, _good_case())
-    invoke(kw)
+    """The refusals above change one argument of this call, which goes through and is right."""
+    run_and_check(backend, _good_case())
+
+
+@pytest.mark.parametrize("provide", [True, False], ids=["provided", "allocated"])
+def test_refused_with_outputs_missing(backend, provide):
+    """A refusal of a call that gives only some outputs (prefill allocates the others) writes none of them."""
+    kw = call_args(backend, _good_case(), provide)
+    kw.update(max_logits=backend.f32_buffer((S_Q, H_Q)), precision="exact ")
+    assert_refused(lambda: invoke(kw), ValueError, backend, _buffers(kw), match=precision_error("exact "))
+
+
+def test_read_only_out():
+    """A NumPy output that cannot be written: a TypeError naming it (not nanobind's signature dump)."""
+    numpy = Backend("numpy", "cpu")
+    kw = call_args(numpy, _good_case())
+    for name in ("out", "max_logits", "lse"):
+        given = {**kw, name: kw[name].copy()}
+        given[name].flags.writeable = False
+        assert_refused(lambda: invoke(given), TypeError, numpy, _buffers(given), names=[name, "read-only"])
 
 
 def test_sglang_fixed_texts(torch_backend):
     kw = call_args(torch_backend, _good_case())
     assert_refused(lambda: invoke({**kw, "d_v": 256}, api="sglang"), ValueError, torch_backend, _buffers(kw),
                    match=d_v_error(256))
+    assert_refused(lambda: invoke({**kw, "precision": "fp8"}, api="sglang"), ValueError, torch_backend,
+                   _buffers(kw), match=precision_error("fp8"))
     kw.update(_d_qk_not_in_table(torch_backend, kw))
     assert_refused(lambda: invoke(kw, api="sglang"), ValueError, torch_backend, _buffers(kw),
                    match=dims_error(UNKNOWN_D_QK))

@@ -46,11 +46,8 @@ def _dims_text(dims):
 
 
 def check_dims(d_qk, d_v):
-    d_v_of = _d_v_of()
-    if d_qk not in d_v_of:
-        raise ValueError(f"{_OP} supports d_qk={_dims_text(d_v_of)}, got {d_qk}")
-    if d_v != d_v_of[d_qk]:
-        raise ValueError(f"{_OP} requires d_v={d_v_of[d_qk]}, got {d_v}")
+    """prefill()'s errors for head dims that this build has no kernel for (the native module words them)."""
+    _C.check_dims(d_qk, d_v)
 
 
 @functools.cache
@@ -123,9 +120,10 @@ _has_kernel = set()  # the (device index, d_qk) found to have a kernel
 
 
 def require_kernel(index, d_qk):
-    """ValueError unless this build has a kernel for d_qk that CUDA device `index` runs."""
+    """ValueError unless this build has a kernel for d_qk that CUDA device `index` runs. A d_qk the
+    table lacks is check_dims' to refuse, in the words the contract fixes."""
     key = (index, d_qk)
-    if key not in _has_kernel:
+    if key not in _has_kernel and d_qk in _d_v_of():
         _find_kernel(index, d_qk)
         _has_kernel.add(key)
 

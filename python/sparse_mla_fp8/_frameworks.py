@@ -1,5 +1,5 @@
-"""The caller's framework: recognise it from an array's type, read an array's dtype and device from
-metadata only, allocate outputs with it, find its current stream, convert bf16 bits to float32.
+"""The caller's framework: recognise it from an array's type, read an array's device from metadata
+only, allocate outputs with it, find its current stream, convert bf16 bits to float32.
 
 A framework's module is imported only inside its adapter, which is built the first time an array of
 that framework is seen: by then the caller has imported it, so the package never loads torch, CuPy
@@ -19,11 +19,6 @@ def default_cpu_threads():
     if value.isdigit() and int(value) > 0:
         return int(value)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def device_name(device):
-    kind, index = device
-    return "cpu" if kind == "cpu" else f"{kind}:{index}"
 
 
 class _DLPack:
@@ -101,6 +96,10 @@ class _CuPy(_Bf16Bits):
     def empty(self, like, shape, dtype):
         with self._xp.cuda.Device(like.device.id):
             return self._xp.empty(shape, self._dtypes[dtype])
+
+    def default_stream(self, a, device):
+        # CuPy's convention, as torch's for torch: the stream the caller made current on that device
+        return self._xp.cuda.get_current_stream(device[1]).ptr
 
 
 class _Torch:
