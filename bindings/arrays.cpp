@@ -121,7 +121,12 @@ sparse_mla::PrecisionArg precision_arg(nb::handle precision) {
     sparse_mla::PrecisionArg arg;
     if (precision.is_none()) return arg;
     arg.given = true;
-    if (nb::isinstance<nb::str>(precision)) arg.name = nb::borrow<nb::str>(precision).c_str();
+    if (nb::isinstance<nb::str>(precision)) {
+        Py_ssize_t size = 0;  // with its length: a NUL inside must not cut "exact\0..." down to "exact"
+        const char* text = PyUnicode_AsUTF8AndSize(precision.ptr(), &size);
+        if (!text) throw nb::python_error();
+        arg.name = std::string_view(text, static_cast<size_t>(size));
+    }
     arg.shown = nb::cast<std::string>(nb::repr(precision));
     return arg;
 }

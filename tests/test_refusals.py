@@ -130,6 +130,7 @@ REFUSALS = [
     ("precision_unknown", lambda b, kw: {"precision": "fastest"}, ValueError, precision_error("fastest"), []),
     ("precision_capitalised", lambda b, kw: {"precision": "Exact"}, ValueError, precision_error("Exact"), []),
     ("precision_empty", lambda b, kw: {"precision": ""}, ValueError, precision_error(""), []),
+    ("precision_nul", lambda b, kw: {"precision": "exact\0"}, ValueError, precision_error("exact\0"), []),
     ("precision_not_a_string", lambda b, kw: {"precision": 1}, ValueError, precision_error(1), []),
 ]
 
