@@ -52,7 +52,7 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
         out, max_logits, lse = _outputs(framework, q, d_v, out, max_logits, lse)
     device = framework.device(q)
     if device[0] == "cuda":
-        require_kernel(device[1], q.shape[-1])  # (q's shape is checked natively)
+        require_kernel(device[1], q.shape[2] if len(q.shape) == 3 else None)  # other shapes: refused natively
         cpu_threads = 0
     else:
         cpu_threads = framework.cpu_threads()
