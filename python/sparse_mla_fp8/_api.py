@@ -37,6 +37,36 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
     (_force_kernel, for the tests: the name of a kernel of the registry to run instead of the one the
     native module would choose.)
     """
+    args = (q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse, stream,
+            precision)
+    if _force_kernel is not None:  # a test of the native launch: no framework operator in between
+        return prefill_native(*args, _force_kernel)
+    try:
+        route = _routes[type(q)]
+    except KeyError:
+        route = _routes[type(q)] = _route_of(type(q))
+    return route(*args)
+
+
+_routes = {}  # array type -> the prefill that takes it
+
+
+def _route_of(tp):
+    """torch and JAX arrays go to their framework's operator (registered on this first sight of one),
+    every other array to the native module straight away."""
+    module = tp.__module__.partition(".")[0]
+    if module == "torch":
+        from ._torch_op import prefill as route
+    elif module in ("jax", "jaxlib") and hasattr(_C, "xla_ffi_targets"):  # (a build without jax has none)
+        from ._jax import prefill as route
+    else:
+        route = prefill_native
+    return route
+
+
+def prefill_native(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+                   stream, precision, _force_kernel=None):
+    """prefill() through the native module, for arrays of any framework that can be written in place."""
     framework = framework_of(q)
     if framework is None:
         raise not_an_array("q", q)
