@@ -14,6 +14,9 @@
 #if SPARSE_MLA_WITH_CUDA
 #include "gpu_launch.h"
 #endif
+#if SPARSE_MLA_WITH_XLA_FFI
+#include "xla_ffi.h"
+#endif
 
 namespace {
 
@@ -150,4 +153,17 @@ NB_MODULE(_C, m) {
     m.def("cpu_isa", &sparse_mla_cpu_isa,
           "The CPU path's instruction set here (\"avx512\", \"avx2\" or \"baseline\"), capped by SPARSE_MLA_FP8_CPU_ISA.");
     m.def("cuda_devices", &devices, "The CUDA devices as dicts; raises RuntimeError without a usable driver.");
+#if SPARSE_MLA_WITH_XLA_FFI
+    m.def(
+        "xla_ffi_targets",
+        [] {
+            nb::dict targets;
+            for (auto [platform, handler] : xla_ffi_handlers()) targets[platform] = nb::capsule(handler);
+            return targets;
+        },
+        "The prefill's XLA FFI handlers as capsules, by platform, for jax.ffi.register_ffi_target.");
+    m.attr("XLA_OPERANDS") = nb::make_tuple(
+        nb::make_tuple("q_scale", int64_t(kXlaQScale)), nb::make_tuple("kv_scale", int64_t(kXlaKvScale)),
+        nb::make_tuple("attn_sink", int64_t(kXlaAttnSink)), nb::make_tuple("topk_length", int64_t(kXlaTopkLength)));
+#endif
 }
