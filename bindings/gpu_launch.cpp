@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -13,10 +14,14 @@ void check(cudaError_t err, const char* what) {
         throw std::runtime_error(std::string("sparse_mla_fp8: ") + what + ": " + cudaGetErrorString(err));
 }
 
+// Guards kernel_dir and the caches: Python's threads and XLA's (the JAX primitive launches without the
+// GIL) share them.
+std::mutex cache_mutex;
+
 std::string kernel_dir;  // set once (set_kernel_dir)
 
 // The registry's kernel k for d_qk, from its d_qk's fatbin; the names are built only on a cache miss.
-// Called with the GIL held, so the caches need no lock of their own.
+// Called with cache_mutex held.
 cudaKernel_t get_kernel(int64_t d_qk, const sparse_mla::KernelSpec& k) {
     static std::map<std::pair<int64_t, const sparse_mla::KernelSpec*>, cudaKernel_t> kernels;
     static std::map<int64_t, cudaLibrary_t> libraries;
@@ -72,6 +77,7 @@ std::vector<CudaDeviceInfo> cuda_devices() {
 }
 
 void set_kernel_dir(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
     // the loaded fatbins are cached by d_qk: they must all come from one folder
     if (!kernel_dir.empty() && dir != kernel_dir)
         throw std::logic_error("sparse_mla_fp8: the kernel folder is " + kernel_dir + " already, not " + dir);
@@ -84,22 +90,27 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, spar
                                                    : &sparse_mla::kernel_for(p.h_q, p.topk, precision);
     if (k == nullptr) throw std::invalid_argument(std::string("sparse_mla_fp8: no kernel named ") + force_kernel);
     DeviceScope scope(device);
-    cudaKernel_t kernel = get_kernel(p.d_qk, *k);
     const int smem = k->smem_bytes(static_cast<int>(p.d_qk));
-
-    // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
-    // persistent grid (ctas_per_sm CTAs per SM, each with the shared memory that leaves it, taking
-    // work items in turn). Kept only when both calls succeed.
-    static std::map<std::pair<cudaKernel_t, int>, int> sm_counts;
-    auto configured = sm_counts.find({kernel, device});
-    if (configured == sm_counts.end()) {
-        check(cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device),
-              "setting the kernel's shared memory size");
-        int n = 0;
-        check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-        configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
+    cudaKernel_t kernel;
+    int sm_count;
+    {
+        std::lock_guard<std::mutex> lock(cache_mutex);
+        kernel = get_kernel(p.d_qk, *k);
+        // Once per (kernel, device): the kernel's shared memory size, and the device's SM count for a
+        // persistent grid (ctas_per_sm CTAs per SM, each with the shared memory that leaves it, taking
+        // work items in turn). Kept only when both calls succeed.
+        static std::map<std::pair<cudaKernel_t, int>, int> sm_counts;
+        auto configured = sm_counts.find({kernel, device});
+        if (configured == sm_counts.end()) {
+            check(cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device),
+                  "setting the kernel's shared memory size");
+            int n = 0;
+            check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+            configured = sm_counts.emplace(std::make_pair(kernel, device), n).first;
+        }
+        sm_count = configured->second;
     }
-    const int64_t ctas = static_cast<int64_t>(configured->second) * k->ctas_per_sm;
+    const int64_t ctas = static_cast<int64_t>(sm_count) * k->ctas_per_sm;
     const int64_t items = p.s_q * k->head_blocks(p.h_q);
     const dim3 grid(static_cast<unsigned>(items < ctas ? items : ctas));
     SparseMlaParams params = p;
