@@ -36,4 +36,5 @@ echo "$info"
 listed=$(awk '/^capability table:/ {table = 1; getline; next} table && /^ / {print $2; next} {table = 0}' <<<"$info" | sort -un)
 asked=$(tr ';' '\n' <<<"$dims" | sort -un)
 [ "$listed" = "$asked" ] || { echo "info lists d_qk $(echo $listed) for a build of $(echo $asked)"; exit 1; }
+grep -q "JAX primitive (XLA FFI): built" <<<"$info" || { echo "the wheel has no JAX primitive (no jaxlib in the build)"; exit 1; }
 echo "wheel check passed"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build and install, then the GPU suite, the demo, the benchmark and the
-# sanitizers. Logs go to $OUT. Usage: ci/gpu.sh [build] [test] [demo] [bench] [sanitize] (default: all)
+# sanitizers. Logs go to $OUT. Usage: ci/gpu.sh [build] [test] [frameworks] [demo] [bench] [sanitize] (default: all but frameworks)
 # A GPU machine without a package registry gets the CuTe/CUTLASS headers from a wheel carried in .whl/
 # (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
 set -uo pipefail
@@ -27,6 +27,10 @@ fi
 if step test; then
   python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/tests.log" | tail -25
   record "${PIPESTATUS[0]}" tests
+fi
+if step frameworks; then  # (also in `test`) the framework operators alone, with their skip reasons
+  python3 -m pytest -q -rs tests/test_frameworks.py 2>&1 | tee "$OUT/frameworks.log" | tail -15
+  record "${PIPESTATUS[0]}" frameworks
 fi
 if step demo; then
   (cd / && python3 -m sparse_mla_fp8 demo) 2>&1 | tee "$OUT/demo.log"

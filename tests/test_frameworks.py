@@ -12,6 +12,9 @@ import threading
 import numpy as np
 import pytest
 
+# JAX takes most of a GPU's memory at its first use unless told not to; the torch tests after it need it
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import sparse_mla_fp8
 from sparse_mla_fp8 import _C
 from harness import (D_V, Backend, assert_matches, call_args, dims_error, invoke, random_case, results_numpy,

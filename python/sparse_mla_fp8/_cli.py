@@ -57,6 +57,9 @@ def info(args):
         print(f"built with CUDA {m['cuda_version']}, CMAKE_CUDA_ARCHITECTURES={m['cmake_cuda_architectures']}")
     else:
         print("CPU-only build: no GPU kernels; the CPU path serves the table's head dims")
+    print("JAX primitive (XLA FFI): " + ("built" if hasattr(_C, "xla_ffi_targets") else
+                                         "not built (no jaxlib at build time): JAX arrays need output buffers "
+                                         "from another framework"))
     print("capability table:")
     print(f"  {'arch':<8} {'d_qk':>5} {'d_v':>5}  fatbin")
     for c in capabilities():
