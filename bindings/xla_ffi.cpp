@@ -5,9 +5,11 @@
 
 #include <xla/ffi/api/ffi.h>
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "cpu/prefill_cpu.h"
 #include "validate.h"
@@ -121,15 +123,39 @@ sparse_mla::PrefillCall describe(sparse_mla::Device device, ffi::AnyBuffer q, ff
     return c;
 }
 
+// The operands, attributes and results of both handlers (one custom call: one signature), after
+// their context.
+template <class Binding>
+auto bind_call(Binding binding) {
+    return std::move(binding)
+        .template Arg<ffi::AnyBuffer>()  // q
+        .template Arg<ffi::AnyBuffer>()  // kv
+        .template Arg<ffi::AnyBuffer>()  // indices
+        .RemainingArgs()                 // the optional operands, as "operands" says
+        .template Attr<double>("sm_scale")
+        .template Attr<float>("q_scale")
+        .template Attr<float>("kv_scale")
+        .template Attr<int64_t>("operands")
+        .template Attr<std::string_view>("precision")
+        .template Attr<int64_t>("cpu_threads")
+        .template Ret<ffi::AnyBuffer>()  // out
+        .template Ret<ffi::AnyBuffer>()  // max_logits
+        .template Ret<ffi::AnyBuffer>();  // lse
+}
+
+// cpu_threads: the caller's thread setting, read at trace time. XLA's threads cannot see Ctrl-C (that
+// needs the GIL): the call runs to its end.
 ffi::Error prefill_cpu(ffi::AnyBuffer q, ffi::AnyBuffer kv, ffi::AnyBuffer indices, ffi::RemainingArgs rest,
                        double sm_scale, float q_scale, float kv_scale, int64_t operands, std::string_view precision,
-                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> max_logits,
+                       int64_t cpu_threads, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> max_logits,
                        ffi::Result<ffi::AnyBuffer> lse) {
     try {
         const sparse_mla::CheckedCall checked =
             sparse_mla::check_call(describe({sparse_mla::kDeviceCpu, 0}, q, kv, indices, rest, sm_scale, q_scale,
                                             kv_scale, operands, precision, out, max_logits, lse));
-        if (checked.params.s_q > 0) sparse_mla_prefill_cpu(checked.params);  // exact whatever the precision
+        // exact whatever the precision
+        if (checked.params.s_q > 0)
+            sparse_mla_prefill_cpu(checked.params, std::max<int64_t>(1, cpu_threads), [] { return false; });
     } catch (const std::invalid_argument& e) {
         return invalid(e);
     } catch (const std::exception& e) {
@@ -138,25 +164,13 @@ ffi::Error prefill_cpu(ffi::AnyBuffer q, ffi::AnyBuffer kv, ffi::AnyBuffer indic
     return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER(prefill_cpu_handler, prefill_cpu,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .RemainingArgs()
-                           .Attr<double>("sm_scale")
-                           .Attr<float>("q_scale")
-                           .Attr<float>("kv_scale")
-                           .Attr<int64_t>("operands")
-                           .Attr<std::string_view>("precision")
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER(prefill_cpu_handler, prefill_cpu, bind_call(ffi::Ffi::Bind()));
 
 #if SPARSE_MLA_WITH_CUDA
 ffi::Error prefill_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer kv,
                         ffi::AnyBuffer indices, ffi::RemainingArgs rest, double sm_scale, float q_scale,
                         float kv_scale, int64_t operands, std::string_view precision,
+                        int64_t /*cpu_threads: the CPU handler's (one call, one set of attributes)*/,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> max_logits,
                         ffi::Result<ffi::AnyBuffer> lse) {
     try {
@@ -174,21 +188,7 @@ ffi::Error prefill_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, f
 }
 
 XLA_FFI_DEFINE_HANDLER(prefill_cuda_handler, prefill_cuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<DeviceOrdinal>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .RemainingArgs()
-                           .Attr<double>("sm_scale")
-                           .Attr<float>("q_scale")
-                           .Attr<float>("kv_scale")
-                           .Attr<int64_t>("operands")
-                           .Attr<std::string_view>("precision")
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>());
+                       bind_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<DeviceOrdinal>()));
 #endif
 
 }  // namespace

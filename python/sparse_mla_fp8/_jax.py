@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _C
 from ._capabilities import _set_kernel_dir, require_kernel
+from ._frameworks import default_cpu_threads
 
 _TARGET = "sparse_mla_fp8_prefill"
 _OPERAND_BITS = dict(_C.XLA_OPERANDS)
@@ -68,5 +69,5 @@ def prefill(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_le
         q, kv, indices, *operands, sm_scale=np.float64(sm_scale),
         q_scale=np.float32(0.0 if _is_array(q_scale) else q_scale),
         kv_scale=np.float32(0.0 if _is_array(kv_scale) else kv_scale), operands=np.int64(bits),
-        precision=precision or "")
+        precision=precision or "", cpu_threads=np.int64(default_cpu_threads()))
     return out, max_logits, lse
