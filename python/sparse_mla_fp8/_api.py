@@ -21,9 +21,10 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
 
     Returns (out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q]) in q's framework; lse and
     max_logits are natural-log, float32. out is torch.bfloat16 for torch, and a uint16 array of bf16
-    bit patterns for NumPy and CuPy, which have no bf16 (see bf16_to_float32). JAX arrays are
-    accepted as inputs, but JAX cannot write in place: JAX callers pass out, max_logits and lse from
-    a framework with writable arrays (CuPy, torch), and get those back.
+    bit patterns for NumPy and CuPy, which have no bf16 (see bf16_to_float32). torch tensors go
+    through the PyTorch custom operators (_torch_op.py: torch.compile, CUDA graphs), JAX arrays through
+    the XLA FFI primitive (_jax.py: eager and jax.jit, outputs allocated by XLA, so no out, max_logits
+    or lse; a build without jax has none, and JAX callers pass those buffers from another framework).
 
     precision: "exact" or "fast" (None: the default, "exact"). Until the fast kernels exist the exact
     ones run both; the CPU path computes exactly for both.
