@@ -1,40 +1,36 @@
-// Tile shape of the SM90 64-head prefill kernel, shared by the kernel and the host that sizes its
-// launch; the tile of slots, the warpgroups and their registers are the wide kernel's too (wide/config.h).
+// What the SM90 kernels share: the tile of slots, the warpgroups, a consumer warpgroup's heads, the
+// K of a wgmma, and the roles a kernel's traits derive from (each kernel's own shape is in its
+// folder's config.h; the list of kernels in kernels/registry.h).
 #pragma once
 #include <stdint.h>
 
 namespace sparse_mla::sm90 {
 
-constexpr int kHeadsPerCta = 64;   // one CTA: one query token x 64 heads (rows past h_q are masked)
 constexpr int kSlotsPerTile = 64;  // topk slots gathered per main-loop step
 constexpr int kDv = 512;
 constexpr int kWarpgroupThreads = 128;
-constexpr int kConsumerWarpgroups = 2;  // each: S of half of the slots, the softmax there, O += PV on half of d_v
-constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
-constexpr int kProducerThreads = kWarpgroupThreads;   // one warpgroup: gathers kv tiles, converts V to fp16
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegisters = 48;   // setmaxnreg: the producer gives registers to the math
-constexpr int kConsumerRegisters = 224;  // 128 x 48 + 256 x 224 <= 168 x 384, the registers the CTA launches with
-constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles ahead of QK^T
-constexpr int kKStep = 32;          // K of one FP8 wgmma
-constexpr int kQkSets = 3;          // register sets of QK^T's per-K-step sums: two wgmmas run while one is added
-constexpr int kV16Cols = kDv + kSlotsPerTile;  // fp16 tile: V, then the tile's P
+constexpr int kHeadsPerWg = 64;  // the heads of a consumer warpgroup, the M of its wgmmas (rows past h_q are masked)
+constexpr int kKStep = 32;       // K of one FP8 wgmma
+constexpr int kQkSets = 3;       // register sets of QK^T's per-K-step sums: two wgmmas run while one is added
 
-// Shared memory, each wgmma operand 1024-byte aligned for its swizzle:
-//   the fp16 tile [slot][kV16Cols]: V (MN-major B of P.V) in the first kDv columns, P ([head][slot],
-//     K-major A of P.V) in the last 64;
-//   kLandingBuffers e4m3 kv tiles [slot][d_qk], K-major B of QK^T in 64-byte swizzle atoms;
-//   Q [head][d_qk] in e4m3, the A of QK^T in the same atoms;
-//   the validity of each landing tile's slots, a bit each; per-row values (max, sum) handed between the
-//   consumer warpgroups.
 constexpr int e4m3_tile_bytes(int d_qk) { return kSlotsPerTile * d_qk; }
-constexpr int v16_smem_offset(int) { return 0; }
-constexpr int landing_smem_offset(int) { return kSlotsPerTile * kV16Cols * 2; }
-constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
-constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
-constexpr int share_smem_offset(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
-constexpr int smem_bytes(int d_qk) { return share_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 4; }
 
-constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
+// The blocks of heads_per_cta heads that a token's h_q heads take: with the tokens, the work items.
+constexpr int64_t head_blocks(int64_t h_q, int64_t heads_per_cta) { return (h_q + heads_per_cta - 1) / heads_per_cta; }
+
+// A kernel's CTA by role: kConsumers consumer warpgroups and one producer warpgroup (it gathers the kv
+// tiles and converts V to fp16), kCtas CTAs per SM, and the registers setmaxnreg gives each role (the
+// producer gives its registers to the math). A kernel's Traits derive from it.
+template <int kConsumers, int kCtas, int kProducerRegs, int kConsumerRegs>
+struct WarpgroupRoles {
+    static constexpr int kConsumerWarpgroups = kConsumers;
+    static constexpr int kConsumerThreads = kConsumers * kWarpgroupThreads;
+    static constexpr int kProducerThreads = kWarpgroupThreads;
+    static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+    static constexpr int kCtasPerSm = kCtas;
+    static constexpr int kProducerRegisters = kProducerRegs;
+    static constexpr int kConsumerRegisters = kConsumerRegs;
+    static_assert(kCtas * (kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs) <= 65536, "an SM's registers");
+};
 
 }  // namespace sparse_mla::sm90

@@ -15,36 +15,45 @@
 
 namespace sparse_mla::sm90 {
 
-// The swizzled layouts of the shared-memory operands.
-template <int D>
-struct SmemLayouts {
-    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
-    using f16 = cute::half_t;
-    using e4m3 = cute::float_e4m3_t;
-    // Q (head, d_qk) and a landing tile (slot, d_qk), d_qk contiguous: K-major operands of QK^T.
-    using E4m3 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<e4m3>{},
-                                              cute::Shape<cute::Int<kSlotsPerTile>, cute::Int<D>>{}));
-    // The fp16 tile as V of P.V: (d_v, slot), d_v contiguous; atoms along the slots first.
-    using V = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<f16>{},
-                                           cute::Shape<cute::Int<kDv>, cute::Int<kSlotsPerTile>>{},
-                                           cute::Step<cute::_2, cute::_1>{}));
-    static_assert(kHeadsPerCta == kSlotsPerTile, "Q (64 heads) and a landing tile share one layout");
-    static_assert(E4m3{}(0, 64) == kSlotsPerTile * 64, "64-byte atom columns of an e4m3 tile");
-};
+// The swizzled layouts of the shared-memory operands, one per operand:
+// an e4m3 tile of kRows rows x d_qk (Q: 64 heads; a landing tile: its slots), d_qk contiguous, in
+// 64-byte swizzle atoms: the K-major A and B of QK^T;
+template <int kRows, int D>
+using E4m3Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
+                                              cute::Shape<cute::Int<kRows>, cute::Int<D>>{}));
+// the fp16 tile of kSlots slots as V of P.V: (d_v, slot), d_v contiguous, atoms along the slots
+// first: the MN-major B.
+template <int kSlots>
+using V16Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<cute::half_t>{},
+                                             cute::Shape<cute::Int<kDv>, cute::Int<kSlots>>{},
+                                             cute::Step<cute::_2, cute::_1>{}));
+static_assert(E4m3Tile<kSlotsPerTile, kDv>{}(0, 64) == kSlotsPerTile * 64, "64-byte atom columns of an e4m3 tile");
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 using MmaQK = cute::SM90_64x32x32_F32E4M3E4M3_SS_TN<>;
 
-// The wgmma descriptor of a Q tile (64 heads, SmemLayouts' E4m3) as the A of QK^T, for thread wg_tid
-// of its warpgroup.
+// The wgmma descriptor of a Q tile (64 heads, an E4m3Tile) as the A of QK^T, for thread wg_tid of its
+// warpgroup.
 template <int D>
 __device__ inline uint64_t q_descriptor(uint8_t* q_tile, int wg_tid) {
     using namespace cute;
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk must be a multiple of 64 (whole swizzle atoms) and hold d_v");
     auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     return static_cast<uint64_t>(thr_qk.partition_fragment_A(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), typename SmemLayouts<D>::E4m3{}))(0, 0, 0));
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(q_tile)), E4m3Tile<kHeadsPerWg, D>{}))(0, 0, 0));
+}
+
+// The wgmma descriptor of half tile `half` (32 slots) of an e4m3 tile of kRows slots (an E4m3Tile) as
+// the B of QK^T, for thread wg_tid of its warpgroup.
+template <int D, int kRows = kSlotsPerTile>
+__device__ inline uint64_t k_descriptor(uint8_t* tile, int half, int wg_tid) {
+    using namespace cute;
+    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
+    return static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
+        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(tile)), E4m3Tile<kRows, D>{}),
+        Shape<Int<kSlotsPerTile / 2>, Int<D>>{}, make_coord(half, 0)))(0, 0, 0));
 }
 
 // One shared-memory wgmma on an accumulator of sizeof...(I) floats.
@@ -57,13 +66,11 @@ __device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::
 // A K step of an e4m3 tile's wgmma descriptor (Q or a landing tile): it moves only the start
 // address, in the descriptor's low word (addresses >> 4 < 2^14: no carry); the high word stays.
 // (kRows: the tile's rows, 64 heads or kSlotsPerTile slots, or a 32-slot tile's.)
-template <int D, int kRows = kSlotsPerTile>
+template <int D, int kRows>
 __device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
-    using Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
-                                              cute::Shape<cute::Int<kRows>, cute::Int<D>>{}));
     uint64_t d;
     asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(Tile{}(0, ks * kKStep) / 16)),
+        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(E4m3Tile<kRows, D>{}(0, ks * kKStep) / 16)),
           "r"(static_cast<uint32_t>(desc >> 32)));
     return d;
 }
@@ -99,7 +106,7 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
         CUTE_UNROLL
         for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(part[ks % kQkSets][i]);
         cute::warpgroup_arrive();
-        wgmma_ss<MmaQK>(at_k_step<D>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
+        wgmma_ss<MmaQK>(at_k_step<D, kHeadsPerWg>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
                         cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
         if (ks % kPvPieceStride == kPvFirstStep && ks / kPvPieceStride < kPvPieces) pv_piece(ks / kPvPieceStride);
         cute::warpgroup_commit_batch();

@@ -45,14 +45,13 @@ __device__ inline void wgmma_pv(const uint32_t* a, uint64_t desc_b, uint32_t (&d
 struct PvOperandB {
     uint64_t desc[2];
     uint32_t chunk;
-    // (kSlots: the fp16 tile's slots, kSlotsPerTile or a 32-slot tile's; its layout is SmemLayouts' V)
+    // (kSlots: the fp16 tile's slots, kSlotsPerTile or a 32-slot tile's: a V16Tile)
     template <int D, int kSlots = kSlotsPerTile>
     __device__ PvOperandB(uint8_t* v16, int wg_tid, std::integral_constant<int, D>,
                           std::integral_constant<int, kSlots> = {}) {
         using namespace cute;
-        using V = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<half_t>{}, Shape<Int<kDv>, Int<kSlots>>{}, Step<_2, _1>{}));
         auto thr_pv = make_tiled_mma(MmaPvF16{}).get_thread_slice(wg_tid);
-        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), V{});
+        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), V16Tile<kSlots>{});
         CUTE_UNROLL
         for (int n = 0; n < 2; ++n) {
             Tensor t = thr_pv.partition_fragment_B(local_tile(sV, Shape<_256, Int<kSlots>>{}, make_coord(n, 0)));
@@ -182,7 +181,7 @@ __device__ inline uint32_t bf16x2(float lo, float hi) {
 
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
 // of this thread) in f16: out, then max_logits and lse. The exact max reads its Q rows from q_tile,
-// the item's Q tile (SmemLayouts' E4m3), which the caller keeps until then (one fewer round trip
+// the item's Q tile (an E4m3Tile), which the caller keeps until then (one fewer round trip
 // than global memory, no registers: PERF-HISTORY.md, v19).
 template <int D>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,

@@ -1,7 +1,7 @@
 // The work the SM90 prefill kernels share: their items (a token and a block of heads) on a persistent
 // grid, the slots of a token, Q's and V's copies, a producer's cursor over its units across items, and
-// the producer warpgroup of the 64-head, wide and split kernels, which gathers the kv tiles and
-// converts their V to fp16 (the dual kernel's works on half tiles: dual/).
+// the producer warpgroup of the fallback, wide and split kernels, which gathers the kv tiles and
+// converts their V to fp16 (the dual kernel's works on half tiles, in its own order: dual/).
 #pragma once
 
 #include <stdint.h>
@@ -24,8 +24,9 @@ struct WorkItems {
     const SparseMlaParams& p;
     int64_t heads_per_cta, n_head_blocks, n_items;
 
-    __device__ WorkItems(const SparseMlaParams& params, int64_t heads, int64_t head_blocks)
-        : p(params), heads_per_cta(heads), n_head_blocks(head_blocks), n_items(params.s_q * head_blocks) {}
+    __device__ WorkItems(const SparseMlaParams& params, int64_t heads)
+        : p(params), heads_per_cta(heads), n_head_blocks(head_blocks(params.h_q, heads)),
+          n_items(params.s_q * n_head_blocks) {}
     __device__ Item at(int64_t item) const { return Item{item / n_head_blocks, (item % n_head_blocks) * heads_per_cta}; }
     // the slots of token t (topk_length clamped to [0, topk]) and their tiles (topk < 2^37)
     __device__ int64_t slots_of(int64_t t) const {
@@ -131,7 +132,8 @@ struct UnitCursor {
     }
 };
 
-// The producer warpgroup (it first gives its registers to the consumers): the CTA's tiles in order
+// The producer warpgroup of a kernel with traits K (it first gives its registers to the consumers,
+// K::kProducerRegisters; K's roles: sm90/config.h's WarpgroupRoles): the CTA's tiles in order
 // across its items, each gathered (cp.async) into one of kBuffers landing tiles, kBuffers - 1 tiles
 // ahead of QK^T, with the validity of its slots in slot_valid (unless that is null: the consumers
 // then take it from the indices); then its V converted to fp16 into the one fp16 tile, a half tile
@@ -140,19 +142,19 @@ struct UnitCursor {
 // landing tile; producers_bar is the producer's own. The rest is each kernel's: announce_landed(buffer)
 // tells the consumers that a tile landed, wait_v16_free(half) waits until their P.V has read that half
 // of the fp16 tile, announce_converted(half) tells them that it holds the next tile's V.
-template <int D, int kBuffers, class Landed, class V16Free, class Converted>
+template <class K, int D, int kBuffers, class Landed, class V16Free, class Converted>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing0_tile, uint8_t* v16,
-                        uint32_t (*slot_valid)[kConsumerWarpgroups], int landing_empty_bar0, int producers_bar,
+                        uint32_t (*slot_valid)[K::kConsumerWarpgroups], int landing_empty_bar0, int producers_bar,
                         Landed announce_landed, V16Free wait_v16_free, Converted announce_converted) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(K::kProducerRegisters));
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     auto landing = [&](int buffer) { return landing0_tile + buffer * e4m3_tile_bytes(D); };
-    const int ptid = threadIdx.x - kConsumerThreads;
+    const int ptid = threadIdx.x - K::kConsumerThreads;
     // A half tile is 32 rows of 16-byte chunks; a thread owns one row, and in it the chunks
     // ptid % 4 + 4 m: one swizzle atom column apart in both the landing tile (64 e4m3 columns)
     // and the fp16 tile (64 fp16 columns), so that one address per row serves every m.
-    constexpr int kThreadsPerRow = kProducerThreads / kHalfSlots;
+    constexpr int kThreadsPerRow = K::kProducerThreads / kHalfSlots;
     static_assert(kThreadsPerRow == 4, "a row's threads cover one 64-byte e4m3 atom row");
     const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
     constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
@@ -237,9 +239,9 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             if (ptid % 32 == 0) reinterpret_cast<uint8_t*>(&slot_valid[buffer][half])[ptid / 32] = static_cast<uint8_t>(bits);
         }
         announce_landed(buffer);
-        if (tile >= 1) bar_sync(landing_empty_bar0 + (tile - 1) % kBuffers, kThreads);  // QK^T of tile - 1 done
+        if (tile >= 1) bar_sync(landing_empty_bar0 + (tile - 1) % kBuffers, K::kThreads);  // QK^T of tile - 1 done
         gather_next();
-        bar_sync(producers_bar, kProducerThreads);  // tile landed, from every thread
+        bar_sync(producers_bar, K::kProducerThreads);  // tile landed, from every thread
         for (int half = 0; half < 2; ++half) {
             if (tile >= 1) wait_v16_free(half);  // P.V of tile - 1 has read this half
             convert_v(buffer, half);
@@ -248,7 +250,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         }
     }
     if (n_gathered >= 1) {
-        bar_sync(landing_empty_bar0 + (n_gathered - 1) % kBuffers, kThreads);
+        bar_sync(landing_empty_bar0 + (n_gathered - 1) % kBuffers, K::kThreads);
         for (int half = 0; half < 2; ++half) wait_v16_free(half);
     }
 }

@@ -17,7 +17,7 @@
 //      O += P V in f16;
 //   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly
 //      (its Q rows from the Q tile; the next item's Q loads after).
-// The grid is persistent (kCtasPerSm CTAs per SM, items taken in turn).
+// The grid is persistent (Traits::kCtasPerSm CTAs per SM, items taken in turn).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,23 +48,18 @@ enum Barrier : int {
 };
 static_assert(kQBar < 16, "sm_90 has 16 named barriers");
 
-// The 32-slot e4m3 tiles of the landing ring, the B of QK^T.
-template <int D>
-using HalfTile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>{},
-                                              cute::Shape<cute::Int<kHalfSlots>, cute::Int<D>>{}));
-
 // The producer warpgroup: the CTA's half tiles in order across its items, each gathered into the
 // ring two ahead of QK^T, then its V converted into the fp16 half tile. A thread owns one row of a
 // half tile and in it the 16-byte chunks part + 4 m: one swizzle atom column apart in both tiles.
 template <int D>
-__device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+__device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Traits::kProducerRegisters));
     constexpr int kBuffers = landing_buffers(D);
     constexpr int kChunksPerThread = D / 16 / 4;
     constexpr int kLandingAtomColumnBytes = kHalfSlots * 64;
     constexpr int kV16AtomColumnBytes = kHalfSlots * 128;
-    static_assert(kProducerThreads == 4 * kHalfSlots, "four threads per row");
-    const int ptid = threadIdx.x - kConsumerThreads, row = ptid / 4, part = ptid % 4;
+    static_assert(Traits::kProducerThreads == 4 * kHalfSlots, "four threads per row");
+    const int ptid = threadIdx.x - Traits::kConsumerThreads, row = ptid / 4, part = ptid % 4;
     uint8_t* landing0 = smem + landing_smem_offset(D);
     uint8_t* v16 = smem;
     const uint32_t row_chunk = sw64_chunk(row, part, kHalfSlots);
@@ -117,7 +112,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // it; with two, c has just been gathered then.
     auto announce = [&](int c) {
         fence_for_tensor_cores();
-        bar_arrive(kLandingFullBar0 + c % kBuffers, kThreads);
+        bar_arrive(kLandingFullBar0 + c % kBuffers, Traits::kThreads);
     };
     for (int i = 0; i < kBuffers - 1; ++i) gather_next();
     if constexpr (kBuffers >= 3) {
@@ -136,16 +131,16 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             cute::cp_async_wait<kBuffers - 2>();
             announce(c);
         }
-        if (c >= 1) bar_sync(kV16EmptyBar, kThreads);  // P.V of c - 1 has read the fp16 half tile
+        if (c >= 1) bar_sync(kV16EmptyBar, Traits::kThreads);  // P.V of c - 1 has read the fp16 half tile
         convert_v(buffer);
         fence_for_tensor_cores();
-        bar_arrive(kV16FullBar, kThreads);
-        if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, kThreads);  // QK^T of c - 1 done
+        bar_arrive(kV16FullBar, Traits::kThreads);
+        if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, Traits::kThreads);  // QK^T of c - 1 done
         gather_next();
     }
     if (n_gathered >= 1) {
-        bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, kThreads);
-        bar_sync(kV16EmptyBar, kThreads);
+        bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, Traits::kThreads);
+        bar_sync(kV16EmptyBar, Traits::kThreads);
     }
 }
 
@@ -160,16 +155,16 @@ __device__ void prefill(const SparseMlaParams& p) {
     uint8_t* q_tile = smem + q_smem_offset(D);
 
     const int tid = threadIdx.x;
-    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const WorkItems work(p, kHeadsPerCta);
     const int64_t n_items = work.n_items;
     const Scales scale(p);
 
-    if (tid >= kConsumerThreads) {
-        produce<D>(p, work, smem);
+    if (tid >= Traits::kConsumerThreads) {
+        produce_half_tiles<D>(p, work, smem);
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int row0 = 16 * (tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
 
@@ -178,14 +173,12 @@ __device__ void prefill(const SparseMlaParams& p) {
     // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
-    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(tid);
     const uint64_t q_desc = q_descriptor<D>(q_tile, tid);
-    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing0)), HalfTile<D>{}))(0, 0, 0));
+    const uint64_t k_desc0 = k_descriptor<D, kHalfSlots>(landing0, 0, tid);
     const PvOperandB v_b(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});
 
     // O of the 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that O stays
@@ -204,7 +197,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
-        bar_sync(kQBar, kConsumerThreads);  // Q landed
+        bar_sync(kQBar, Traits::kConsumerThreads);  // Q landed
         each_word(o, [](uint32_t& x) { x = 0; });
         rows.reset();
 
@@ -214,27 +207,27 @@ __device__ void prefill(const SparseMlaParams& p) {
                 const int buffer = cta_half % landing_buffers(D);
                 // the validity of the half tile's slots, from the indices (lane j: slot 32 h + j)
                 const bool lane_valid = work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * h + lane);
-                bar_sync(kLandingFullBar0 + buffer, kThreads);
+                bar_sync(kLandingFullBar0 + buffer, Traits::kThreads);
                 float s[kAcc] = {};
                 qk_promoted<D, kHalfSlots>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * half_tile_bytes(D) / 16), s, [&] {
                     // the previous half tile's P.V, issued last, is done now: the fp16 half tile is free
                     each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-                    if (tile > 0 || h > 0) bar_arrive(kV16EmptyBar, kThreads);
+                    if (tile > 0 || h > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
                 });
-                bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+                bar_arrive(kLandingEmptyBar0 + buffer, Traits::kThreads);
 
                 // online softmax, base 2, on the half tile's 32 slots
                 rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), h, tile, tig, scale.logit, p_shift, o, pr[h]);
 
-                bar_sync(kV16FullBar, kThreads);  // V of this half tile
+                bar_sync(kV16FullBar, Traits::kThreads);  // V of this half tile
                 pv_half(pr[h], v_b, 0, o);
             }
         }
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
         write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile);
-        bar_sync(kQBar, kConsumerThreads);  // every row of Q read
+        bar_sync(kQBar, Traits::kConsumerThreads);  // every row of Q read
         if (more) load_q(item + gridDim.x);
     }
 }

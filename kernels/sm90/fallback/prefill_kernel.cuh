@@ -41,14 +41,11 @@
 
 namespace sparse_mla::sm90::fallback {
 
-// P of a tile, [head][slot], K-major A of P.V: the fp16 tile's last atom column (p_offset).
-template <int D>
-struct SmemLayoutsWithP : SmemLayouts<D> {
-    using P = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::half_t>{},
-                                           cute::Shape<cute::Int<kHeadsPerCta>, cute::Int<kSlotsPerTile>>{}));
-    static constexpr int p_offset = kDv * kSlotsPerTile;
-    static_assert(kHeadsPerCta == kSlotsPerTile, "P fills an atom column");
-};
+// P of a tile, [head][slot], K-major A of P.V: the fp16 tile's last atom column, kPOffset elements in.
+using P16Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::half_t>{},
+                                             cute::Shape<cute::Int<kHeadsPerCta>, cute::Int<kSlotsPerTile>>{}));
+constexpr int kPOffset = kDv * kSlotsPerTile;
+static_assert(kHeadsPerCta == kSlotsPerTile, "P fills an atom column");
 
 using MmaPV = decltype(cute::make_tiled_mma(
     cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
@@ -68,38 +65,37 @@ static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    using L = SmemLayoutsWithP<D>;
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
-    constexpr int kDvPerWg = kDv / kConsumerWarpgroups;
+    constexpr int kDvPerWg = kDv / Traits::kConsumerWarpgroups;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
-    static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
+    static_assert(Traits::smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
-    uint8_t* v16 = smem + v16_smem_offset(D);
+    uint8_t* v16 = smem;  // the fp16 tile first (config.h)
     auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
     uint8_t* q_tile = smem + q_smem_offset(D);
     // the validity of a landing tile's slots, a bit each: one word per consumer warpgroup's 32 slots
-    auto slot_valid = reinterpret_cast<uint32_t (*)[kConsumerWarpgroups]>(smem + valid_smem_offset(D));
+    auto slot_valid = reinterpret_cast<uint32_t (*)[Traits::kConsumerWarpgroups]>(smem + valid_smem_offset(D));
     auto row_share = reinterpret_cast<float (*)[kHeadsPerCta]>(smem + share_smem_offset(D));
 
     const int tid = threadIdx.x;
-    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const WorkItems work(p, kHeadsPerCta);
     const int64_t n_items = work.n_items;
 
     const Scales scale(p);
 
-    if (tid >= kConsumerThreads) {
+    if (tid >= Traits::kConsumerThreads) {
         // P.V reads the whole fp16 tile at once
-        produce<D, kLandingBuffers>(
+        produce<Traits, D, kLandingBuffers>(
             p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
-            [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, kThreads); },
-            [](int half) { if (half == 0) bar_sync(kV16EmptyBar, kThreads); },
-            [](int half) { if (half == 1) bar_arrive(kV16FullBar, kThreads); });
+            [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, Traits::kThreads); },
+            [](int half) { if (half == 0) bar_sync(kV16EmptyBar, Traits::kThreads); },
+            [](int half) { if (half == 1) bar_arrive(kV16FullBar, Traits::kThreads); });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
     // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
     const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
@@ -109,20 +105,17 @@ __device__ void prefill(const SparseMlaParams& p) {
     // soon as this item's last QK^T is done, so the epilogue hides it.
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(wg_tid);
     Tensor o = partition_fragment_C(mma_pv, Shape<Int<kHeadsPerCta>, Int<kDvPerWg>>{});
-    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     // One descriptor per operand; a K step adds its byte offset (>> 4, the descriptor's address
     // unit), so that no descriptor per K step is held in registers.
     const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);
-    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
-        Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
+    const uint64_t k_desc0 = k_descriptor<D>(landing(0), wg, wg_tid);
     auto k_desc = [&](int buffer) { return k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16); };
 
     // per item: running max (base-2 logits, slot in the low bits), what the exponents subtract (O and
@@ -151,8 +144,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     };
     // O += P V on this warpgroup's half of d_v, issued without waiting; P from the fp16 tile.
     auto pv = [&]() {
-        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), typename L::V{});
-        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16) + L::p_offset), typename L::P{});
+        Tensor sV = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16)), V16Tile<kSlotsPerTile>{});
+        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<half_t*>(v16) + kPOffset), P16Tile{});
         Tensor tOrP = thr_pv.partition_fragment_A(sP);
         Tensor tOdV = thr_pv.partition_fragment_B(local_tile(sV, Shape<Int<kDvPerWg>, Int<kSlotsPerTile>>{}, make_coord(wg, 0)));
         warpgroup_fence_operand(o);
@@ -162,7 +155,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_commit_batch();
     };
 
-    const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + L::p_offset * sizeof(half_t);
+    const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + kPOffset * sizeof(half_t);
     int cta_tile = 0;  // this CTA's tiles so far, across items: names the landing buffer
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
         const auto [t, head0] = work.at(item);
@@ -172,13 +165,13 @@ __device__ void prefill(const SparseMlaParams& p) {
         const bool more = item + gridDim.x < n_items;
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
-        bar_sync(kConsumersBar, kConsumerThreads);  // Q landed; the previous item's epilogue is done in both warpgroups
+        bar_sync(kConsumersBar, Traits::kConsumerThreads);  // Q landed; the previous item's epilogue is done in both warpgroups
         clear(o);
         for (int r = 0; r < 2; ++r) row_max[r] = row_ref[r] = -CUDART_INF_F, row_sum[r] = 0.f, max_tile[r] = 0;
 
         for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
             const int buffer = cta_tile % kLandingBuffers;
-            bar_sync(kLandingFullBar0 + buffer, kThreads);
+            bar_sync(kLandingFullBar0 + buffer, Traits::kThreads);
 
             // S of this warpgroup's 32 slots: each K step's wgmma starts from zero into one of
             // kQkSets register sets, and is added into s while the next ones run.
@@ -187,7 +180,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 // the previous tile's P.V, issued last, ran under the first K steps: it is done now,
                 // and the fp16 tile is free
                 warpgroup_fence_operand(o);
-                if (tile > 0) bar_arrive(kV16EmptyBar, kThreads);
+                if (tile > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
             });
 
             // Online softmax, base 2; this warpgroup's slot of element i is 32 wg + acc_col(i).
@@ -211,12 +204,12 @@ __device__ void prefill(const SparseMlaParams& p) {
                     tile_max[r] = m[0];
                 }
             }
-            bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+            bar_arrive(kLandingEmptyBar0 + buffer, Traits::kThreads);
             for (int r = 0; r < 2; ++r) {
                 tile_max[r] = quad_max(tile_max[r]);
                 if (tig == 0) row_share[wg][row0 + 8 * r] = tile_max[r];
             }
-            bar_sync(kConsumersBar, kConsumerThreads);  // both warpgroups' tile maxima posted; P.V of tile - 1 done
+            bar_sync(kConsumersBar, Traits::kConsumerThreads);  // both warpgroups' tile maxima posted; P.V of tile - 1 done
             if (tile == n_tiles - 1 && more) load_q(item + gridDim.x);  // both warpgroups' last QK^T is done
             // fmaxf is symmetric, so both warpgroups get the same maximum bit for bit.
             for (int r = 0; r < 2; ++r) {
@@ -235,14 +228,14 @@ __device__ void prefill(const SparseMlaParams& p) {
                 asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack_half2(p0, p1)) : "memory");
             }
             fence_for_tensor_cores();
-            bar_sync(kConsumersBar, kConsumerThreads);  // P complete
+            bar_sync(kConsumersBar, Traits::kConsumerThreads);  // P complete
 
-            bar_sync(kV16FullBar, kThreads);
+            bar_sync(kV16FullBar, Traits::kThreads);
             pv();  // waited for under the next tile's first K steps
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(o);
-        if (n_tiles > 0) bar_arrive(kV16EmptyBar, kThreads);
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
 
         if (n_tiles == 0 && more) load_q(item + gridDim.x);
 
@@ -260,12 +253,12 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
 
         // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
-        bar_sync(kConsumersBar, kConsumerThreads);
+        bar_sync(kConsumersBar, Traits::kConsumerThreads);
         for (int r = 0; r < 2; ++r) {
             row_sum[r] = quad_sum(row_sum[r]);
             if (tig == 0) row_share[wg][row0 + 8 * r] = row_sum[r];
         }
-        bar_sync(kConsumersBar, kConsumerThreads);
+        bar_sync(kConsumersBar, Traits::kConsumerThreads);
         float sum[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {

@@ -1,6 +1,6 @@
-// Tile shape of the SM90 split prefill kernel (one CTA per query token x 64 heads, each consumer
-// warpgroup on one half of every tile's slots), shared by the kernel and the host that sizes its
-// launch. What it does not name is the 64-head kernel's (sm90/config.h).
+// Tile shape and traits of the SM90 split prefill kernel (one CTA per query token x 64 heads, each
+// consumer warpgroup on one half of every tile's slots), shared by the kernel and the registry
+// (kernels/registry.h).
 #pragma once
 #include <stdint.h>
 
@@ -10,10 +10,11 @@
 
 namespace sparse_mla::sm90::split {
 
+constexpr int kHeadsPerCta = kHeadsPerWg;  // both consumer warpgroups on the same 64 heads
 constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles ahead
 // Each warpgroup's f16 O sums half of a token's slots: the wide kernel's bound per warpgroup.
 constexpr int64_t kMaxTopk = 2 * wide::kMaxTopk;
-// Below this the 64-head kernel is as fast: both spend most of a short item on its serial epilogue
+// Below this the fallback kernel is as fast: both spend most of a short item on its serial epilogue
 // (PERF-HISTORY.md, h_q <= 64).
 constexpr int64_t kMinTopk = 1024;
 
@@ -32,17 +33,12 @@ struct RowStats {
 constexpr int landing_smem_offset(int) { return kSlotsPerTile * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
 constexpr int stats_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
-constexpr int smem_bytes(int d_qk) { return stats_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 16; }
 static_assert(sizeof(RowStats) == 16, "a row's statistics");
 
-constexpr int64_t head_blocks(int64_t h_q) { return sm90::head_blocks(h_q); }
-
-// Its entry in the registry (kernels/registry.h).
-struct Traits {
-    static constexpr int kThreads = sm90::kThreads;
-    static constexpr int kCtasPerSm = 1;
-    static constexpr int kHeadsPerCta = sm90::kHeadsPerCta;
-    static constexpr int smem_bytes(int d_qk) { return split::smem_bytes(d_qk); }
+// Its entry in the registry: the fallback kernel's roles and registers.
+struct Traits : WarpgroupRoles<2, 1, 48, 224> {
+    static constexpr int kHeadsPerCta = split::kHeadsPerCta;
+    static constexpr int smem_bytes(int d_qk) { return stats_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 16; }
     // the calls with one block of 64 heads and from kMinTopk to kMaxTopk slots (an exact kernel: it
     // takes both precisions until fast kernels exist)
     static constexpr bool takes(int64_t h_q, int64_t topk, Precision) {

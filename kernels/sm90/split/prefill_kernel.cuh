@@ -49,47 +49,46 @@ namespace sparse_mla::sm90::split {
 enum Barrier : int {
     kConsumersBar = 1,
     kLandingFullBar0,  // + 2 landing buffer + consumer warpgroup: each warpgroup waits for its own
-    kLandingEmptyBar0 = kLandingFullBar0 + kLandingBuffers * kConsumerWarpgroups,  // + landing buffer
+    kLandingEmptyBar0 = kLandingFullBar0 + kLandingBuffers * Traits::kConsumerWarpgroups,  // + landing buffer
     kV16FullBar0 = kLandingEmptyBar0 + kLandingBuffers,  // + half tile = consumer warpgroup
-    kV16EmptyBar0 = kV16FullBar0 + kConsumerWarpgroups,
-    kProducersBar = kV16EmptyBar0 + kConsumerWarpgroups,
+    kV16EmptyBar0 = kV16FullBar0 + Traits::kConsumerWarpgroups,
+    kProducersBar = kV16EmptyBar0 + Traits::kConsumerWarpgroups,
 };
 static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
-constexpr int kPairThreads = kProducerThreads + kWarpgroupThreads;  // the producer and one consumer warpgroup
+constexpr int kPairThreads = Traits::kProducerThreads + kWarpgroupThreads;  // the producer and one consumer warpgroup
 
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    using L = SmemLayouts<D>;
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
-    static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
+    static_assert(Traits::smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
-    uint8_t* v16 = smem + v16_smem_offset(D);
+    uint8_t* v16 = smem;  // the fp16 tile first (config.h)
     auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
     uint8_t* q_tile = smem + q_smem_offset(D);
     auto stats = reinterpret_cast<RowStats (*)[kHeadsPerCta]>(smem + stats_smem_offset(D));
 
     const int tid = threadIdx.x;
-    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const WorkItems work(p, kHeadsPerCta);
     const int64_t n_items = work.n_items;
 
     const Scales scale(p);
 
-    if (tid >= kConsumerThreads) {
-        produce<D, kLandingBuffers>(
+    if (tid >= Traits::kConsumerThreads) {
+        produce<Traits, D, kLandingBuffers>(
             p, work, landing(0), v16, nullptr, kLandingEmptyBar0, kProducersBar,
             [](int buffer) {
-                for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
+                for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + Traits::kConsumerWarpgroups * buffer + w, kPairThreads);
             },
-            [](int half) { bar_sync(kV16EmptyBar0 + half, kThreads); },
+            [](int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
             [](int half) { bar_arrive(kV16FullBar0 + half, kPairThreads); });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
     // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
     const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
@@ -99,16 +98,13 @@ __device__ void prefill(const SparseMlaParams& p) {
     // once both warpgroups' last QK^T is done, so that the merge hides it.
     auto load_q = [&](int64_t item) {
         const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, kConsumerThreads);
+        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
-    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);
     // this warpgroup's half tile of landing buffer 0
-    const uint64_t k_desc0 = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
-        make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
-        Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(wg, 0)))(0, 0, 0));
+    const uint64_t k_desc0 = k_descriptor<D>(landing(0), wg, wg_tid);
     const PvOperandB v_b(v16, wg_tid, std::integral_constant<int, D>{});
 
     // O of the 64 heads x 512 columns over this warpgroup's slots, in f16; P scaled by 2^-p_shift
@@ -130,11 +126,11 @@ __device__ void prefill(const SparseMlaParams& p) {
         cute::cp_async_wait<0>();
         fence_for_tensor_cores();
         // Q landed; the previous item's merge has read the fp16 tile and the statistics
-        bar_sync(kConsumersBar, kConsumerThreads);
+        bar_sync(kConsumersBar, Traits::kConsumerThreads);
         // the previous P.V's half of the fp16 tile is free only now, after that item's merge; an item
         // without tiles has a merge too, and defers it further
         if (pending_empty && n_tiles > 0) {
-            for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+            for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
             pending_empty = false;
         }
         each_word(o, [](uint32_t& x) { x = 0; });
@@ -147,13 +143,13 @@ __device__ void prefill(const SparseMlaParams& p) {
             // memory through this kernel's barriers: PERF-HISTORY.md, v17)
             const bool lane_valid =
                 work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
-            bar_sync(kLandingFullBar0 + kConsumerWarpgroups * buffer + wg, kPairThreads);
+            bar_sync(kLandingFullBar0 + Traits::kConsumerWarpgroups * buffer + wg, kPairThreads);
             float s[kAcc] = {};
             qk_promoted<D>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
                 each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-                if (tile > 0) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+                if (tile > 0) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
             });
-            bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+            bar_arrive(kLandingEmptyBar0 + buffer, Traits::kThreads);
 
             // online softmax, base 2, on this warpgroup's 32 slots
             rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), wg, tile, tig, scale.logit, p_shift, o, pr);
@@ -173,7 +169,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             const float sum = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
             if (tig == 0) stats[wg][row0 + 8 * r] = RowStats{rows.max[r], rows.ref[r], sum, rows.max_tile[r]};
         }
-        bar_sync(kConsumersBar, kConsumerThreads);  // statistics posted; both warpgroups' QK^T and P.V done
+        bar_sync(kConsumersBar, Traits::kConsumerThreads);  // statistics posted; both warpgroups' QK^T and P.V done
         if (more) load_q(item + gridDim.x);
         float ref[2], own_weight[2], other_weight[2], total[2], best_max[2];
         int best_tile[2];
@@ -214,7 +210,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             for (int k = 0; k < kWords; ++k)
                 if (n_tiles > 0) handed[((n ^ 1) * kWords + k) * kWarpgroupThreads + wg_tid] =
                     make_uint4(o[n ^ 1][4 * k], o[n ^ 1][4 * k + 1], o[n ^ 1][4 * k + 2], o[n ^ 1][4 * k + 3]);
-            bar_sync(kConsumersBar, kConsumerThreads);  // the halves handed over
+            bar_sync(kConsumersBar, Traits::kConsumerThreads);  // the halves handed over
             uint32_t theirs[64];
             CUTE_UNROLL
             for (int k = 0; k < kWords; ++k) {
@@ -263,8 +259,8 @@ __device__ void prefill(const SparseMlaParams& p) {
             p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = own_empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
         }
     }
-    bar_sync(kConsumersBar, kConsumerThreads);
-    if (pending_empty) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, kThreads);
+    bar_sync(kConsumersBar, Traits::kConsumerThreads);
+    if (pending_empty) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
 }
 
 }  // namespace sparse_mla::sm90::split

@@ -1,6 +1,5 @@
-// Tile shape of the SM90 wide prefill kernel (one CTA per query token x 128 heads), shared by the
-// kernel and the host that sizes its launch. What it does not name is the 64-head kernel's
-// (sm90/config.h): the tile of slots, the warpgroups, their registers.
+// Tile shape and traits of the SM90 wide prefill kernel (one CTA per query token x 128 heads), shared
+// by the kernel and the registry (kernels/registry.h).
 #pragma once
 #include <stdint.h>
 
@@ -9,7 +8,7 @@
 
 namespace sparse_mla::sm90::wide {
 
-constexpr int kHeadsPerWg = 64;    // one consumer warpgroup: 64 heads (rows past h_q are masked)
+constexpr int kConsumerWarpgroups = 2;  // each: 64 heads, all of d_v
 constexpr int kHeadsPerCta = kConsumerWarpgroups * kHeadsPerWg;
 constexpr int kLandingBuffers = 2;  // e4m3 kv tiles: the gather runs one tile ahead of QK^T
 // O lives in f16 registers, rounded at every k16 step of P.V: when all slots name one kv row (its
@@ -25,19 +24,14 @@ constexpr int64_t kMaxTopk = 2048;
 constexpr int landing_smem_offset(int) { return kSlotsPerTile * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
 constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
-constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
 
-constexpr int64_t head_blocks(int64_t h_q) { return (h_q + kHeadsPerCta - 1) / kHeadsPerCta; }
-
-// Its entry in the registry (kernels/registry.h).
-struct Traits {
-    static constexpr int kThreads = sm90::kThreads;
-    static constexpr int kCtasPerSm = 1;
+// Its entry in the registry: the fallback kernel's roles and registers.
+struct Traits : WarpgroupRoles<kConsumerWarpgroups, 1, 48, 224> {
     static constexpr int kHeadsPerCta = wide::kHeadsPerCta;
-    static constexpr int smem_bytes(int d_qk) { return wide::smem_bytes(d_qk); }
+    static constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
     // a call that a 64-head kernel would run in two CTAs per token, at a topk where its f16 O is
     // accurate enough (an exact kernel: it takes both precisions until fast kernels exist)
-    static constexpr bool takes(int64_t h_q, int64_t topk, Precision) { return h_q > sm90::kHeadsPerCta && topk <= kMaxTopk; }
+    static constexpr bool takes(int64_t h_q, int64_t topk, Precision) { return h_q > kHeadsPerWg && topk <= kMaxTopk; }
 };
 
 }  // namespace sparse_mla::sm90::wide

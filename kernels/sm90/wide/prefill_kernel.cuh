@@ -54,44 +54,43 @@ enum Barrier : int {
     kQBar0,  // + consumer warpgroup: its Q landed
 };
 static_assert(kQBar0 + kConsumerWarpgroups <= 16, "sm_90 has 16 named barriers");
-constexpr int kPairThreads = kProducerThreads + kWarpgroupThreads;  // the producer and one consumer warpgroup
+constexpr int kPairThreads = Traits::kProducerThreads + kWarpgroupThreads;  // the producer and one consumer warpgroup
 
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    using L = SmemLayouts<D>;
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerWg * kHalfSlots / kWarpgroupThreads;  // S values of a thread
-    static_assert(smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
+    static_assert(Traits::smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
 
     extern __shared__ __align__(1024) uint8_t smem[];
-    uint8_t* v16 = smem + v16_smem_offset(D);
+    uint8_t* v16 = smem;  // the fp16 tile first (config.h)
     auto landing = [&](int buffer) { return smem + landing_smem_offset(D) + buffer * e4m3_tile_bytes(D); };
     uint8_t* q_tile = smem + q_smem_offset(D);
     // the validity of a landing tile's slots, a bit each: one word per consumer warpgroup's 32 slots
     auto slot_valid = reinterpret_cast<uint32_t (*)[kConsumerWarpgroups]>(smem + valid_smem_offset(D));
 
     const int tid = threadIdx.x;
-    const WorkItems work(p, kHeadsPerCta, head_blocks(p.h_q));
+    const WorkItems work(p, kHeadsPerCta);
     const int64_t n_items = work.n_items;
 
     const Scales scale(p);
 
-    if (tid >= kConsumerThreads) {
+    if (tid >= Traits::kConsumerThreads) {
         // each consumer warpgroup waits for its own barriers; P.V reads the fp16 tile a half at a time
-        produce<D, kLandingBuffers>(
+        produce<Traits, D, kLandingBuffers>(
             p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
             [](int buffer) {
                 for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
             },
-            [](int half) { bar_sync(kV16EmptyBar0 + half, kThreads); },
+            [](int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
             [](int half) {
                 for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + kConsumerWarpgroups * half + w, kPairThreads);
             });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
     // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
     const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
     const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
@@ -109,14 +108,11 @@ __device__ void prefill(const SparseMlaParams& p) {
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
-    auto thr_qk = make_tiled_mma(MmaQK{}).get_thread_slice(wg_tid);
     const uint64_t q_desc = q_descriptor<D>(q_tile + wg * kHeadsPerWg * D, wg_tid);
     uint64_t k_desc0[2];  // each half tile of landing buffer 0
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h)
-        k_desc0[h] = static_cast<uint64_t>(thr_qk.partition_fragment_B(local_tile(
-            make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(landing(0))), typename L::E4m3{}),
-            Shape<Int<kHalfSlots>, Int<D>>{}, make_coord(h, 0)))(0, 0, 0));
+        k_desc0[h] = k_descriptor<D>(landing(0), h, wg_tid);
     const PvOperandB v_b(v16, wg_tid, std::integral_constant<int, D>{});
 
     // O of this warpgroup's 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that
@@ -156,12 +152,12 @@ __device__ void prefill(const SparseMlaParams& p) {
                         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
                         // its half of the fp16 tile is free: half 0 (this tile's) under the second
                         // half's QK^T, half 1 (the previous tile's) under the next tile's first
-                        if (pv_before) bar_arrive(kV16EmptyBar0 + (h ^ 1), kThreads);
+                        if (pv_before) bar_arrive(kV16EmptyBar0 + (h ^ 1), Traits::kThreads);
                     },
                     [&](int i) {
                         if (pv_before) pv_piece(pr[h ^ 1], v_b, h ^ 1, i, o);
                     });
-                if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, kThreads);
+                if (h == 1) bar_arrive(kLandingEmptyBar0 + buffer, Traits::kThreads);
 
                 // online softmax, base 2, on this half's 32 slots
                 rows.softmax_half(s, slot_valid[buffer][h], h, tile, tig, scale.logit, p_shift, o, pr[h]);
@@ -172,7 +168,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         if (n_tiles > 0) pv_half(pr[1], v_b, 1, o);  // the last half's P.V has no QK^T after it
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-        if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, kThreads);
+        if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, Traits::kThreads);
         write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D);
         bar_sync(kQBar0 + wg, kWarpgroupThreads);
         if (more) load_q(item + gridDim.x);
