@@ -39,7 +39,7 @@ struct KernelSpec {
     int (*smem_bytes)(int d_qk);
     bool (*takes)(int64_t h_q, int64_t topk, Precision precision);
 
-    int64_t head_blocks(int64_t h_q) const { return (h_q + heads_per_cta - 1) / heads_per_cta; }
+    int64_t head_blocks(int64_t h_q) const { return sm90::head_blocks(h_q, heads_per_cta); }
     std::string entry(int64_t d_qk) const { return kEntryPrefix + std::to_string(d_qk) + "_" + name; }
 };
 

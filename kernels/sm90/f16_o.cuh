@@ -18,6 +18,7 @@
 #include "params.h"
 #include "sm90/config.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/exact_max.cuh"
 #include "sm90/work.cuh"
 
 namespace sparse_mla::sm90 {
@@ -197,10 +198,8 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
     for (int r = 0; r < 2; ++r) {
         sum[r] = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
         j_max[r] = -1;
-        if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F) {
-            const int64_t slot = static_cast<int64_t>(rows.max_tile[r]) * kSlotsPerTile + (__float_as_uint(rows.max[r]) & kSlotBits);
-            j_max[r] = slot < n_slots ? idx_row[slot] : -1;
-        }
+        if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F)
+            j_max[r] = max_index(rows.max[r], rows.max_tile[r], n_slots, idx_row);
     }
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -236,22 +235,16 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
     else load_rows(std::false_type{});
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-        float exact_max = 0.f;
+        float dot = 0.f;
         if (exact[r]) {
             CUTE_UNROLL
             for (int m = 0; m < kChunksPerThread; ++m)
-                exact_max = dot_e4m3x16(*reinterpret_cast<const uint4*>(q_tile + sw64_chunk(row0 + 8 * r, tig + 4 * m)),
-                                        kc[r][m], exact_max);
+                dot = dot_e4m3x16(*reinterpret_cast<const uint4*>(q_tile + sw64_chunk(row0 + 8 * r, tig + 4 * m)), kc[r][m], dot);
         }
-        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
+        const float exact_max = exact_logit(p, scale, dot);
         const int64_t h = head0 + row0 + 8 * r;
-        const bool empty = rows.max[r] == -CUDART_INF_F;
-        if (h < p.h_q && tig == 0) {
-            const float ref = rows.ref[r] + p_shift;
-            const float exact_sum = sum[r] - exp2f(rows.max[r] - ref) + exp2f(exact_max * kLog2e - ref);
-            p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : exact_max;
-            p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref + log2f(exact_sum)) * kLn2;
-        }
+        if (h < p.h_q && tig == 0)
+            write_max_lse(p, t, h, rows.max[r], rows.ref[r] + p_shift, sum[r], exact_max, rows.max[r] == -CUDART_INF_F);
     }
 }
 

@@ -36,6 +36,7 @@
 #include "params.h"
 #include "sm90/config.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/exact_max.cuh"
 #include "sm90/fallback/config.h"
 #include "sm90/work.cuh"
 
@@ -65,7 +66,6 @@ static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kDvPerWg = kDv / Traits::kConsumerWarpgroups;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
@@ -247,10 +247,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const float max_own = wg ? row_max[1] : row_max[0], ref_own = wg ? row_ref[1] : row_ref[0];
         const bool own_empty = max_own == -CUDART_INF_F;
         int32_t j_max = -1;
-        if (h_own < p.h_q && !own_empty) {
-            const int64_t slot = static_cast<int64_t>(wg ? max_tile[1] : max_tile[0]) * kSlotsPerTile + (__float_as_uint(max_own) & kSlotBits);
-            j_max = slot < n_slots ? idx_row[slot] : -1;
-        }
+        if (h_own < p.h_q && !own_empty) j_max = max_index(max_own, wg ? max_tile[1] : max_tile[0], n_slots, idx_row);
 
         // Row sums: each warpgroup holds its own slots' share; add them in a fixed order.
         bar_sync(kConsumersBar, Traits::kConsumerThreads);
@@ -293,13 +290,13 @@ __device__ void prefill(const SparseMlaParams& p) {
             }
         }
 
-        // The exact logit of the running max's slot: its product with Q (from global memory: the Q
-        // tile may hold the next item's) in fp32, the quad splitting d_qk.
+        // The exact logit of the running max's slot, its Q row from global memory (the Q tile may
+        // hold the next item's).
         float exact_max = 0.f;
         if (work.in_range(j_max)) {
             const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
             const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
-            constexpr int kChunksPerThread = kChunks / 4;
+            constexpr int kChunksPerThread = D / 16 / 4;
             uint4 k[kChunksPerThread], qc[kChunksPerThread];
             load_quad_share(k, kv, tig, p.rows_16b_aligned);
             load_quad_share(qc, q, tig, p.rows_16b_aligned);
@@ -307,13 +304,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
         }
         exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
-        if (h_own < p.h_q && tig == 0) {
-            // The exact term of the running max's own slot replaces its tensor-core one in the sum,
-            // which leaves lse only the other slots' (smaller, averaging) errors.
-            const float exact_sum = (wg ? sum[1] : sum[0]) - exp2f(max_own - ref_own) + exp2f(exact_max * kLog2e - ref_own);
-            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = own_empty ? -CUDART_INF_F : exact_max;
-            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = own_empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
-        }
+        if (h_own < p.h_q && tig == 0) write_max_lse(p, t, h_own, max_own, ref_own, wg ? sum[1] : sum[0], exact_max, own_empty);
     }
 }
 

@@ -38,6 +38,7 @@
 
 #include "params.h"
 #include "sm90/device_helpers.cuh"
+#include "sm90/exact_max.cuh"
 #include "sm90/f16_o.cuh"
 #include "sm90/split/config.h"
 #include "sm90/work.cuh"
@@ -60,7 +61,6 @@ constexpr int kPairThreads = Traits::kProducerThreads + kWarpgroupThreads;  // t
 template <int D>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
-    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     constexpr int kHalfSlots = kSlotsPerTile / 2;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
     static_assert(Traits::smem_bytes(D) <= 227 * 1024, "shared memory of one SM90 CTA");
@@ -191,10 +191,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         const float max_own = wg ? best_max[1] : best_max[0];
         const bool own_empty = max_own == -CUDART_INF_F;
         int32_t j_max = -1;
-        if (h_own < p.h_q && !own_empty) {
-            const int64_t slot = static_cast<int64_t>(wg ? best_tile[1] : best_tile[0]) * kSlotsPerTile + (__float_as_uint(max_own) & kSlotBits);
-            j_max = slot < n_slots ? idx_row[slot] : -1;
-        }
+        if (h_own < p.h_q && !own_empty) j_max = max_index(max_own, wg ? best_tile[1] : best_tile[0], n_slots, idx_row);
 
         // O: warpgroup wg writes out columns 256 wg .. 256 wg + 255 and hands the other half of its
         // O to the other warpgroup, through the fp16 tile in this thread's order (16-byte words,
@@ -236,28 +233,11 @@ __device__ void prefill(const SparseMlaParams& p) {
         if (wg == 0) merge(std::integral_constant<int, 0>{});
         else merge(std::integral_constant<int, 1>{});
 
-        // The exact logit of the max slot: its product with Q (from global memory: the Q tile may
-        // hold the next item's) in fp32, the quad splitting d_qk.
-        float exact_max = 0.f;
-        if (work.in_range(j_max)) {
-            const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
-            const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
-            constexpr int kChunksPerThread = kChunks / 4;
-            uint4 k[kChunksPerThread], qc[kChunksPerThread];
-            load_quad_share(k, kv, tig, p.rows_16b_aligned);
-            load_quad_share(qc, q, tig, p.rows_16b_aligned);
-#pragma unroll
-            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
-        }
-        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
-        if (h_own < p.h_q && tig == 0) {
-            // The exact term of the max slot replaces its tensor-core one in the sum, which leaves lse
-            // only the other slots' (smaller, averaging) errors.
-            const float ref_own = (wg ? ref[1] : ref[0]) + p_shift;
-            const float exact_sum = (wg ? total[1] : total[0]) - exp2f(max_own - ref_own) + exp2f(exact_max * kLog2e - ref_own);
-            p.max_logits[t * p.max_logits_stride_s + h_own * p.max_logits_stride_h] = own_empty ? -CUDART_INF_F : exact_max;
-            p.lse[t * p.lse_stride_s + h_own * p.lse_stride_h] = own_empty ? CUDART_INF_F : (ref_own + log2f(exact_sum)) * kLn2;
-        }
+        // The exact logit of the max slot, its Q row from global memory (the Q tile may hold the
+        // next item's).
+        const float exact_max = exact_logit_from_global<D>(p, work, scale, t, h_own, j_max, tig);
+        if (h_own < p.h_q && tig == 0)
+            write_max_lse(p, t, h_own, max_own, (wg ? ref[1] : ref[0]) + p_shift, wg ? total[1] : total[0], exact_max, own_empty);
     }
     bar_sync(kConsumersBar, Traits::kConsumerThreads);
     if (pending_empty) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
