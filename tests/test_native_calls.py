@@ -9,6 +9,9 @@ import sparse_mla_fp8
 from harness import Backend, assert_refused, call_args, dim, invoke, random_case, run_and_check
 
 NUMPY = Backend("numpy", "cpu")
+# torch tensors go through the custom operator's implementation in eager mode (_torch_op.py), which
+# must keep to one native call as well
+BACKENDS = [pytest.param(("numpy", "cpu"), id="numpy"), pytest.param(("torch-fp8", "cpu"), id="torch-cpu")]
 
 
 class _CountingC:
@@ -45,27 +48,31 @@ def _case():
     return case
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("provide", [True, False], ids=["provided", "allocated"])
-def test_valid_call_goes_through_once(native, provide):
+def test_valid_call_goes_through_once(native, provide, kind):
     c = native()
-    run_and_check(NUMPY, _case(), provide=provide)
+    run_and_check(Backend(*kind), _case(), provide=provide)
     # with outputs to allocate, the call is checked on shapes first (_C.check), then run
     assert c.calls == (["prefill"] if provide else ["check", "prefill"])
 
 
-def test_refused_call_is_checked_once(native):
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_refused_call_is_checked_once(native, kind):
     c = native()
-    kw = call_args(NUMPY, _case())
-    kw["indices"] = kw["indices"].astype(np.int64)
-    assert_refused(lambda: invoke(kw), TypeError, NUMPY, [kw["out"], kw["max_logits"], kw["lse"]],
+    backend = Backend(*kind)
+    kw = call_args(backend, _case())
+    kw["indices"] = backend.put(backend.numpy(kw["indices"]).astype(np.int64))
+    assert_refused(lambda: invoke(kw), TypeError, backend, [kw["out"], kw["max_logits"], kw["lse"]],
                    names=["indices", "int64"])
     assert c.calls == ["prefill"]
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("error", [RuntimeError("no kernel image"), ValueError("q is odd"), TypeError("odd")],
                          ids=lambda e: type(e).__name__)
-def test_native_errors_come_out_as_raised(native, error):
+def test_native_errors_come_out_as_raised(native, error, kind):
     c = native(fail=error)
     with pytest.raises(type(error)) as info:
-        invoke(call_args(NUMPY, _case()))
+        invoke(call_args(Backend(*kind), _case()))
     assert info.value is error and c.calls == ["prefill"]
