@@ -1,6 +1,7 @@
 #include "prefill_cpu.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +14,13 @@
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPARSE_MLA_CPU_X86 1
+#include <immintrin.h>
+#else
+#define SPARSE_MLA_CPU_X86 0
+#endif
 
 namespace {
 
@@ -53,21 +61,100 @@ inline void store(float* p, V v) {
     std::memcpy(p, &v, sizeof v);
 }
 
-// e4m3fn bytes to floats with integer operations and masks only, so that the loop vectorises (a
-// 256-entry table would need a gather per element): the exponent is rebiased by 120 (7 to 127);
-// subnormals (exponent 0) are m * 2^-9 exactly; 0x7f/0xff are NaN (e4m3fn has no inf).
-inline void decode_e4m3(const uint8_t* src, float* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t b = src[i], mag = b & 0x7fu;
-        const float sub = float(int32_t(mag)) * 0x1p-9f;
-        uint32_t sub_bits;
-        std::memcpy(&sub_bits, &sub, sizeof sub_bits);
-        const uint32_t is_sub = 0u - uint32_t(mag < 8), is_nan = 0u - uint32_t(mag == 0x7fu);
-        uint32_t bits = (sub_bits & is_sub) | (((mag << 20) + (120u << 23)) & ~is_sub);
-        bits = (0x7fc00000u & is_nan) | (bits & ~is_nan);
-        bits |= (b & 0x80u) << 24;
-        std::memcpy(&dst[i], &bits, sizeof bits);
+// Decoding gives e4m3 x 2^-8, the value of the byte's fp16 reading (below); the scales take the
+// 2^8 back. Powers of two change no rounding: every product stays far above the fp32 subnormals.
+constexpr float kDecoded = 0x1p-8f;
+
+std::array<float, 256> make_e4m3fn_table() {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+        const int e = (b >> 3) & 0xf, m = b & 7;
+        float mag;
+        if (e == 0xf && m == 7)
+            mag = std::numeric_limits<float>::quiet_NaN();  // e4m3fn has NaN but no inf
+        else if (e == 0)
+            mag = std::ldexp(float(m), -9);  // subnormal: m/8 * 2^-6
+        else
+            mag = std::ldexp(float(8 + m), e - 10);  // (1 + m/8) * 2^(e-7)
+        t[b] = (b & 0x80) ? -mag * kDecoded : mag * kDecoded;
     }
+    return t;
+}
+
+// The entry without F16C (and the tails of rows, which are multiples of 16 bytes in practice).
+inline void decode_table(const uint8_t* src, float* dst, int64_t n) {
+    static const std::array<float, 256> table = make_e4m3fn_table();
+    for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+}
+
+#if SPARSE_MLA_CPU_X86
+// 16 e4m3fn bytes as fp16 bits: e4m3's 4 exponent and 3 mantissa bits, shifted by 7, are fp16's
+// fields of the same value x 2^-8 (bias 15 for 7), subnormals included; 0x7f/0xff become NaN.
+__attribute__((target("avx2"))) inline __m256i e4m3_as_fp16(const uint8_t* src) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+    const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
+    return _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(mag, 7), sign), nan);
+}
+
+// fp16 to fp32 in hardware (VCVTPH2PS is exact and ignores MXCSR's denormals-are-zero).
+__attribute__((target("avx512f,avx2"))) inline void decode_avx512(const uint8_t* src, float* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(e4m3_as_fp16(src + i)));
+    decode_table(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx2,f16c"))) inline void decode_avx2(const uint8_t* src, float* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i h = e4m3_as_fp16(src + i);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+        _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+    }
+    decode_table(src + i, dst + i, n - i);
+}
+#endif
+
+// Each entry's decode, named by its head vector V.
+template <class V>
+inline void decode_e4m3(const uint8_t* src, float* dst, int64_t n) {
+#if SPARSE_MLA_CPU_X86
+    if constexpr (lanes_of<V> == 16)
+        return decode_avx512(src, dst, n);
+    else if constexpr (lanes_of<V> == 8)
+        return decode_avx2(src, dst, n);
+#endif
+    decode_table(src, dst, n);
+}
+
+// exp(x) for x <= 0, -inf or NaN, every lane at once (a call of expf per logit would cost a third of
+// the FMAs' time): x = n ln2 + r, e^r by Cephes' polynomial on |r| <= ln2 / 2 (1-2 ulp), 2^n built in
+// the exponent bits. Results below 2^-126 (x < -87) flush to 0: beside the row's maximum term, 1,
+// they are nothing.
+template <class V>
+inline V exp_nonpositive(V x) {
+    using I = decltype(x < x);  // the signed integer vector of V's lanes
+    constexpr float kRound = 0x1.8p23f;  // added, it leaves round(x / ln2) in the low mantissa bits
+    const I underflow = x < -87.0f;
+    x = underflow ? V{} : x;
+    const V t = x * 1.44269504088896341f + kRound;
+    const V n = t - kRound;
+    V r = x - n * 0.693359375f;  // ln2 in two parts, so that n * ln2 is exact in the first
+    r = r - n * -2.12194440e-4f;
+    V p = V{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    I bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    const I scale_bits = (bits - 0x4b400000 + 127) << 23;
+    V scale;
+    std::memcpy(&scale, &scale_bits, sizeof scale);
+    return underflow ? V{} : p * scale;
 }
 
 uint16_t to_bf16_bits(float f) {
@@ -98,8 +185,8 @@ class Worker {
 public:
     Worker(const SparseMlaParams& p, float logit_scale, float kv_scale, int64_t max_heads)
         : p_(p),
-          logit_scale_(logit_scale),
-          kv_scale_(kv_scale),
+          logit_scale_(logit_scale / (kDecoded * kDecoded)),
+          kv_scale_(kv_scale / kDecoded),
           ld_(round_up(p.d_qk, kMaxLanes)),
           dv_(round_up(p.d_v, kMaxLanes)),
           blocks_(round_up(max_heads, 4) / 4),  // for the narrowest vector, f32x4
@@ -119,7 +206,7 @@ public:
         const int64_t nh = h1 - h0;
         const int64_t blocks = round_up(nh, L) / L;
         auto lanes = [&](int64_t b) { return nh - b * L > lanes_of<H> ? L : int64_t(lanes_of<H>); };
-        for (int64_t b = 0; b < blocks; ++b) load_q(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b));
+        for (int64_t b = 0; b < blocks; ++b) load_q<V>(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b));
         std::fill(ot_.begin(), ot_.begin() + blocks * dv_ * kMaxLanes, 0.0f);
         std::fill(m_.begin(), m_.begin() + blocks * kMaxLanes, -kInf);
         std::fill(l_.begin(), l_.begin() + blocks * kMaxLanes, 0.0f);
@@ -135,7 +222,7 @@ public:
             for (; i < n_slots && n < kChunk; ++i) {
                 const int64_t j = idx[i];
                 if (j < 0 || j >= p_.s_kv) continue;  // invalid slot: its row is never touched
-                decode_e4m3(p_.kv + j * p_.kv_stride_s, &rows_[size_t(n * ld_)], p_.d_qk);
+                decode_e4m3<V>(p_.kv + j * p_.kv_stride_s, &rows_[size_t(n * ld_)], p_.d_qk);
                 ++n;
             }
             if (n == 0) break;
@@ -165,11 +252,12 @@ private:
     }
 
     // Heads [h0, h1) of token t as block b's panel [d_qk][lanes]; lanes past h1 - h0 are 0.
+    template <class V>
     void load_q(int64_t t, int64_t h0, int64_t h1, int64_t b, int64_t lanes) {
         float* qt = &qt_[size_t(b * p_.d_qk * kMaxLanes)];
         std::fill(qt, qt + p_.d_qk * lanes, 0.0f);
         for (int64_t h = h0; h < h1; ++h) {
-            decode_e4m3(p_.q + t * p_.q_stride_s + h * p_.q_stride_h, q_row_.data(), p_.d_qk);
+            decode_e4m3<V>(p_.q + t * p_.q_stride_s + h * p_.q_stride_h, q_row_.data(), p_.d_qk);
             for (int64_t x = 0; x < p_.d_qk; ++x) qt[x * lanes + (h - h0)] = q_row_[size_t(x)];
         }
     }
@@ -197,11 +285,10 @@ private:
         }
         // An all -inf row (only with absurd scales) must not turn exp(-inf - -inf) into NaN.
         const V shift = m == -kInf ? V{} : m;
-        V alpha = m_old - shift, sum = {};
-        for (int i = 0; i < L; ++i) alpha[i] = std::exp(alpha[i]);
+        const V alpha = exp_nonpositive(m_old - shift);
+        V sum = {};
         for (int64_t c = 0; c < n; ++c) {
-            V s = load<V>(st + c * L) - shift;
-            for (int i = 0; i < L; ++i) s[i] = std::exp(s[i]);
+            const V s = exp_nonpositive(load<V>(st + c * L) - shift);
             store(st + c * L, s);
             sum += s;
         }
@@ -281,16 +368,16 @@ inline void work(Worker& w, Items& items, const std::function<bool()>* poll) {
 
 // One entry per instruction set, each compiled for it with everything it calls inlined (flatten):
 // the wheel runs on any x86-64 and uses AVX2 or AVX-512 where the CPU has them. Head blocks are the
-// widest native vector (a wider one is lowered through memory); 8 accumulators plus a load and a
-// broadcast fit even SSE's 16 registers.
+// widest native vector (a wider one is lowered through memory); R accumulators plus a load fit the
+// register file (AVX-512 has 32 registers, the others 16).
 using WorkFn = void (*)(Worker&, Items&, const std::function<bool()>*);
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx512f,avx512vl,avx2,fma"), flatten)) void work_avx512(
+#if SPARSE_MLA_CPU_X86
+__attribute__((target("avx512f,avx512vl,avx2,fma,f16c"), flatten)) void work_avx512(
     Worker& w, Items& items, const std::function<bool()>* poll) {
-    work<f32x16, f32x8, 8>(w, items, poll);
+    work<f32x16, f32x8, 16>(w, items, poll);
 }
-__attribute__((target("avx2,fma"), flatten)) void work_avx2(Worker& w, Items& items,
+__attribute__((target("avx2,fma,f16c"), flatten)) void work_avx2(Worker& w, Items& items,
                                                             const std::function<bool()>* poll) {
     work<f32x8, f32x4, 8>(w, items, poll);
 }
@@ -306,9 +393,9 @@ struct Entry {
     bool (*runs_here)();
 };
 const Entry kEntries[] = {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if SPARSE_MLA_CPU_X86
     {"avx512", work_avx512, [] { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }},
-    {"avx2", work_avx2, [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }},
+    {"avx2", work_avx2, [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"); }},
 #endif
     {"baseline", work_baseline, [] { return true; }},
 };

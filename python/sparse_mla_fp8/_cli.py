@@ -7,6 +7,8 @@ demo:  one DeepSeek-V3.2-shaped prefill checked against the float64 reference an
        else a small one on the CPU with NumPy.
 bench: the contract's benchmark shapes (or --shape ...) with CUDA events, against torch's FP8 GEMM
        rate measured in the same run and FlashMLA's BF16 figures from the contract; host overhead.
+       bench --cpu: the CPU path beside the plain PyTorch version (gather, fp32 einsum, softmax) on
+       the same inputs and threads, timed in turns in one run.
 """
 
 import argparse
@@ -272,6 +274,9 @@ def _shape_arg(text):
 
 
 def bench(args):
+    if args.cpu:
+        return _bench_cpu(args)
+    args.iters = args.iters or 20
     torch = _torch_cuda()
     if torch is None:
         print("bench needs torch with a CUDA GPU", file=sys.stderr)
@@ -315,6 +320,16 @@ def bench(args):
     return 0
 
 
+def _bench_cpu(args):
+    from ._bench_cpu import SHAPES, bench_cpu
+
+    rows = bench_cpu(args.shape or SHAPES, args.iters or 7, args.threads)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu_isa": _C.cpu_isa(), "version": __version__, "shapes": rows}, f, indent=2)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sparse_mla_fp8", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -325,6 +340,11 @@ def main(argv=None):
     b.add_argument("--shape", action="append", type=_shape_arg, metavar="S_Q,S_KV,H_Q,D_QK,TOPK",
                    help="a shape to time instead of the contract's six (repeatable)")
     b.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    b.add_argument("--iters", type=int, default=20, help="timed calls per shape (default 20)")
+    b.add_argument("--iters", type=int, help="timed calls per shape (default 20; 7 with --cpu)")
+    b.add_argument("--cpu", action="store_true",
+                   help="time the CPU path instead, beside the plain PyTorch version in the same run (shapes of "
+                        "about a second; torch optional)")
+    b.add_argument("--threads", type=int, help="with --cpu: threads for both (default: torch's setting, else "
+                                               "OMP_NUM_THREADS, else every core)")
     args = parser.parse_args(argv)
     return {"info": info, "demo": demo, "bench": bench}[args.command](args)
