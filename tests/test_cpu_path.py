@@ -34,17 +34,21 @@ def _hard_case(seed, s_q, h_q, topk):
     return case
 
 
+def _entry_here():
+    """The entry the CPU path runs under the cap set, None where the cap names no entry (not x86-64)."""
+    try:
+        return _C.cpu_isa()
+    except ValueError:
+        return None
+
+
 # h_q: one vector of heads or less, a full 16 plus tails of 1 and of 9 (past half a vector), many blocks;
 # topk past one 64-row chunk and odd.
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("h_q, topk", [(3, 7), (17, 129), (25, 300), (70, 65)])
 def test_each_entry_against_reference(monkeypatch, entry, h_q, topk):
     monkeypatch.setenv(ISA_VARIABLE, entry)
-    try:
-        here = _C.cpu_isa()
-    except ValueError:  # not x86-64: the baseline is the only entry
-        here = None
-    if here != entry:
+    if _entry_here() != entry:
         pytest.skip(f"this CPU has no {entry}")
     run_and_check(NUMPY, _hard_case(seed_of("entry", h_q, topk), 6, h_q, topk))
 
@@ -58,14 +62,14 @@ def test_unknown_entry_is_refused(monkeypatch):
 
 
 def _threads_during(call):
-    """The most threads this process had while call() ran, beyond those it had before."""
+    """How many threads call() started: those seen while it ran, not before, and gone when it returned
+    (thread ids, since other threads of the process may come and go meanwhile)."""
     tasks = "/proc/self/task"
-    before = len(os.listdir(tasks)) + 1  # with the sampler
-    most, done = [before], threading.Event()
+    before, seen, done = set(os.listdir(tasks)), set(), threading.Event()
 
     def sample():
         while not done.is_set():
-            most[0] = max(most[0], len(os.listdir(tasks)))
+            seen.update(os.listdir(tasks))
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -74,7 +78,9 @@ def _threads_during(call):
     finally:
         done.set()
         sampler.join()
-    return most[0] - before
+    started = seen - before - {str(sampler.native_id)}
+    assert not started & set(os.listdir(tasks)), "threads of the call outlived it"
+    return len(started)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
@@ -103,6 +109,18 @@ def test_same_bits_for_any_thread_count(monkeypatch):
         monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
         results.append([NUMPY.raw(x) for x in invoke(call_args(NUMPY, case))])
     assert all(r == results[0] for r in results[1:])
+
+
+def test_avx2_and_avx512_agree_bitwise(monkeypatch):
+    # the same FMAs in the same order per head, 8 or 16 heads a vector
+    case = _hard_case(seed_of("entries bits"), 3, 70, 300)
+    results = []
+    for entry in ("avx512", "avx2"):
+        monkeypatch.setenv(ISA_VARIABLE, entry)
+        if _entry_here() != entry:
+            pytest.skip(f"this CPU has no {entry}")
+        results.append([NUMPY.raw(x) for x in invoke(call_args(NUMPY, case))])
+    assert results[0] == results[1]
 
 
 _INTERRUPTED_CALL = textwrap.dedent("""
