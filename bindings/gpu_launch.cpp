@@ -20,6 +20,18 @@ std::mutex cache_mutex;
 
 std::string kernel_dir;  // set once (set_kernel_dir)
 
+// Lets this thread load and configure kernels while a CUDA graph capture is under way (a capture may
+// hold the process's first launch): none of it is stream work, but a capture in the global mode refuses
+// the calls it deems unsafe, from any thread. Restores the thread's mode when it ends.
+class RelaxedCapture {
+public:
+    RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+    ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+private:
+    cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // The registry's kernel k for d_qk, from its d_qk's fatbin; the names are built only on a cache miss.
 // Called with cache_mutex held.
 cudaKernel_t get_kernel(int64_t d_qk, const sparse_mla::KernelSpec& k) {
@@ -27,6 +39,7 @@ cudaKernel_t get_kernel(int64_t d_qk, const sparse_mla::KernelSpec& k) {
     static std::map<int64_t, cudaLibrary_t> libraries;
     auto found = kernels.find({d_qk, &k});
     if (found != kernels.end()) return found->second;
+    const RelaxedCapture relaxed;
     if (kernel_dir.empty()) throw std::logic_error("sparse_mla_fp8: set_kernel_dir() was not called before a launch");
     const std::string fatbin = kernel_dir + "/" SPARSE_MLA_FATBIN_PREFIX + std::to_string(d_qk) + ".fatbin";
     auto lib = libraries.find(d_qk);
@@ -102,6 +115,7 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, spar
         static std::map<std::pair<cudaKernel_t, int>, int> sm_counts;
         auto configured = sm_counts.find({kernel, device});
         if (configured == sm_counts.end()) {
+            const RelaxedCapture relaxed;
             check(cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem, device),
                   "setting the kernel's shared memory size");
             int n = 0;

@@ -227,6 +227,8 @@ def test_jax_refusals():
     with pytest.raises(ValueError, match=r"attn_sink must have shape"):
         jax.jit(lambda q, kv, i, s: sparse_mla_fp8.prefill(q, kv, i, 0.1, attn_sink=s))(
             *args[:3], jax.numpy.zeros(case.h_q + 1, "float32"))
+    with pytest.raises(TypeError, match="sm_scale must be a float, got"):
+        jax.jit(lambda q, kv, i, s: sparse_mla_fp8.prefill(q, kv, i, s))(*args[:3], 0.1)
     with pytest.raises(TypeError, match="JAX arrays cannot be written in place"):
         sparse_mla_fp8.prefill(*args, out=np.zeros((case.s_q, case.h_q, D_V), np.uint16))
     unknown = next(d for d in (128, 256, 1024) if d not in table_dims())

@@ -18,6 +18,7 @@ import numpy as np
 from . import _C
 from ._capabilities import _set_kernel_dir, require_kernel
 from ._frameworks import default_cpu_threads
+from ._validate import number, scale
 
 _TARGET = "sparse_mla_fp8_prefill"
 _OPERAND_BITS = dict(_C.XLA_OPERANDS)
@@ -52,6 +53,9 @@ def prefill(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_le
                         "and lse; leave them unset")
     if stream is not None:
         raise ValueError("stream cannot be given with JAX arrays: XLA runs the call on its own stream")
+    sm_scale = number("sm_scale", sm_scale)  # (a traced sm_scale is refused: it is an attribute)
+    q_scale, kv_scale = (x if _is_array(x) else scale(name, x) for name, x in (("q_scale", q_scale),
+                                                                                ("kv_scale", kv_scale)))
     _C.check(q, kv, indices, sm_scale, q_scale, kv_scale, attn_sink, topk_length, None, None, None, d_v=d_v,
              precision=precision)
     _require_gpu_kernel(q)
