@@ -104,6 +104,19 @@ def test_torch_compile_refuses_at_trace_time():
         torch.compile(_call, fullgraph=True)(call_args(backend, case, provide=False))
 
 
+def test_torch_compile_precision():
+    """precision reaches the operator: "fast" runs (the exact kernels until fast ones exist; the CPU path
+    is exact in both), and a bad value is refused at trace time with the contract's text."""
+    backend = Backend("torch-fp8", "cpu")
+    case = _case(seed_of("compile-precision"))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda kw, precision: _call({**kw, "precision": precision}), fullgraph=True)
+    got = compiled(call_args(backend, case, provide=False), "fast")
+    assert_matches(results_numpy(backend, got), case.reference(), backend.tol)
+    with pytest.raises(Exception, match=re.escape('precision must be "exact" or "fast", got ')):  # (dynamo wraps it)
+        compiled(call_args(backend, case, provide=False), "bogus")
+
+
 def _op_args(backend, case):
     kw = call_args(backend, case, provide=False)
     q_scale, kv_scale = kw["q_scale"], kw["kv_scale"]
@@ -229,6 +242,8 @@ def test_jax_refusals():
             *args[:3], jax.numpy.zeros(case.h_q + 1, "float32"))
     with pytest.raises(TypeError, match="sm_scale must be a float, got"):
         jax.jit(lambda q, kv, i, s: sparse_mla_fp8.prefill(q, kv, i, s))(*args[:3], 0.1)
+    with pytest.raises(ValueError, match=re.escape('precision must be "exact" or "fast", got \'bogus\'')):
+        jax.jit(lambda q, kv, i: sparse_mla_fp8.prefill(q, kv, i, 0.1, precision="bogus"))(*args[:3])
     with pytest.raises(TypeError, match="JAX arrays cannot be written in place"):
         sparse_mla_fp8.prefill(*args, out=np.zeros((case.s_q, case.h_q, D_V), np.uint16))
     unknown = next(d for d in (128, 256, 1024) if d not in table_dims())
