@@ -50,7 +50,7 @@ def _abstract(t):
     """t itself for None or a float, else its _Abstract; None where a size has no example value."""
     if not isinstance(t, Tensor):
         return t
-    shape = tuple(s if isinstance(s, int) else s.node.hint for s in t.shape)
+    shape = tuple(s if isinstance(s, int) else getattr(s.node, "hint", None) for s in t.shape)
     return None if None in shape else _Abstract(shape, t.dtype)
 
 
