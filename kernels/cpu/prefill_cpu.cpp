@@ -30,7 +30,7 @@ namespace {
 using f32x16 = float __attribute__((vector_size(64)));
 using f32x8 = float __attribute__((vector_size(32)));
 using f32x4 = float __attribute__((vector_size(16)));
-constexpr int64_t kMaxLanes = 16;  // the widest vector's heads: scratch is laid out for it
+constexpr int64_t kMaxLanes = 16;  // the widest vector's heads
 
 // Valid KV rows decoded at a time (64 x 576 floats, in L2 while every head block consumes them); an
 // online softmax joins the chunks, so memory does not grow with topk.
@@ -189,27 +189,29 @@ public:
           kv_scale_(kv_scale / kDecoded),
           ld_(round_up(p.d_qk, kMaxLanes)),
           dv_(round_up(p.d_v, kMaxLanes)),
-          blocks_(round_up(max_heads, 4) / 4),  // for the narrowest vector, f32x4
+          heads_(round_up(max_heads, kMaxLanes)),  // the item's heads, padded to whole blocks
           rows_(size_t(kChunk * ld_), 0.0f),  // rows and columns past the decoded ones stay finite
           q_row_(size_t(p.d_qk)),
-          qt_(size_t(blocks_ * p.d_qk * kMaxLanes)),
+          qt_(size_t(heads_ * p.d_qk)),
           st_(size_t(kChunk * kMaxLanes)),
-          ot_(size_t(blocks_ * dv_ * kMaxLanes)),
-          m_(size_t(blocks_ * kMaxLanes)),
-          l_(size_t(blocks_ * kMaxLanes)) {}
+          ot_(size_t(heads_ * dv_)),
+          m_(size_t(heads_)),
+          l_(size_t(heads_)) {}
 
     // Head blocks are vectors V, the last one H (half as wide) where that holds its heads; R is the
-    // register block (rows, or V columns). The caller picks all three per instruction set.
+    // register block (rows, or V columns). The caller picks all three per instruction set. Block b's
+    // scratch starts at its first head, b * L: [lanes] of m_ and l_, [d_qk][lanes] of qt_,
+    // [dv][lanes] of ot_.
     template <class V, class H, int R>
     void item(int64_t t, int64_t h0, int64_t h1) {
         constexpr int64_t L = lanes_of<V>;
         const int64_t nh = h1 - h0;
         const int64_t blocks = round_up(nh, L) / L;
         auto lanes = [&](int64_t b) { return nh - b * L > lanes_of<H> ? L : int64_t(lanes_of<H>); };
-        for (int64_t b = 0; b < blocks; ++b) load_q<V>(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b));
-        std::fill(ot_.begin(), ot_.begin() + blocks * dv_ * kMaxLanes, 0.0f);
-        std::fill(m_.begin(), m_.begin() + blocks * kMaxLanes, -kInf);
-        std::fill(l_.begin(), l_.begin() + blocks * kMaxLanes, 0.0f);
+        for (int64_t b = 0; b < blocks; ++b) load_q<V>(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b * L, lanes(b));
+        std::fill(ot_.begin(), ot_.begin() + blocks * L * dv_, 0.0f);
+        std::fill(m_.begin(), m_.begin() + blocks * L, -kInf);
+        std::fill(l_.begin(), l_.begin() + blocks * L, 0.0f);
 
         int64_t n_slots = p_.topk;
         if (p_.topk_length)
@@ -230,12 +232,12 @@ public:
             prefetch_rows(idx, i, n_slots);
             for (int64_t b = 0; b < blocks; ++b) {
                 if (lanes(b) == L)
-                    block<V, R>(b, n);
+                    block<V, R>(b * L, n);
                 else
-                    block<H, R>(b, n);
+                    block<H, R>(b * L, n);
             }
         }
-        for (int64_t b = 0; b < blocks; ++b) finish(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b, lanes(b), valid);
+        for (int64_t b = 0; b < blocks; ++b) finish(t, h0 + b * L, std::min(h1, h0 + (b + 1) * L), b * L, lanes(b), valid);
     }
 
 private:
@@ -251,10 +253,11 @@ private:
         }
     }
 
-    // Heads [h0, h1) of token t as block b's panel [d_qk][lanes]; lanes past h1 - h0 are 0.
+    // Heads [h0, h1) of token t as the panel [d_qk][lanes] of the block from head `first` on; lanes
+    // past h1 - h0 are 0.
     template <class V>
-    void load_q(int64_t t, int64_t h0, int64_t h1, int64_t b, int64_t lanes) {
-        float* qt = &qt_[size_t(b * p_.d_qk * kMaxLanes)];
+    void load_q(int64_t t, int64_t h0, int64_t h1, int64_t first, int64_t lanes) {
+        float* qt = &qt_[size_t(first * p_.d_qk)];
         std::fill(qt, qt + p_.d_qk * lanes, 0.0f);
         for (int64_t h = h0; h < h1; ++h) {
             decode_e4m3<V>(p_.q + t * p_.q_stride_s + h * p_.q_stride_h, q_row_.data(), p_.d_qk);
@@ -262,12 +265,13 @@ private:
         }
     }
 
-    // Folds the chunk's n rows into head block b's running softmax and its unnormalised sum of p * V.
+    // Folds the chunk's n rows into the running softmax and the unnormalised sum of p * V of the
+    // block from head `first` on.
     template <class V, int R>
-    void block(int64_t b, int64_t n) {
+    void block(int64_t first, int64_t n) {
         constexpr int L = lanes_of<V>;
-        const float* qt = &qt_[size_t(b * p_.d_qk * kMaxLanes)];
-        float* ot = &ot_[size_t(b * dv_ * kMaxLanes)];
+        const float* qt = &qt_[size_t(first * p_.d_qk)];
+        float* ot = &ot_[size_t(first * dv_)];
         float* st = st_.data();
 
         // Logits, R rows at a time; rows past n (stale or zero) are computed and dropped.
@@ -277,7 +281,7 @@ private:
             for (int r = 0; r < R; ++r) store(st + (r0 + r) * L, acc[r] * logit_scale_);
         }
 
-        const V m_old = load<V>(&m_[size_t(b * kMaxLanes)]);
+        const V m_old = load<V>(&m_[size_t(first)]);
         V m = m_old;
         for (int64_t c = 0; c < n; ++c) {
             const V s = load<V>(st + c * L);
@@ -292,8 +296,8 @@ private:
             store(st + c * L, s);
             sum += s;
         }
-        store(&l_[size_t(b * kMaxLanes)], load<V>(&l_[size_t(b * kMaxLanes)]) * alpha + sum);
-        store(&m_[size_t(b * kMaxLanes)], m);
+        store(&l_[size_t(first)], load<V>(&l_[size_t(first)]) * alpha + sum);
+        store(&m_[size_t(first)], m);
 
         // ot[x] = alpha * ot[x] + sum_c p_c * V_c[x], R columns at a time.
         for (int64_t x0 = 0; x0 < dv_; x0 += R) {
@@ -304,8 +308,8 @@ private:
         }
     }
 
-    void finish(int64_t t, int64_t h0, int64_t h1, int64_t b, int64_t lanes, int64_t valid) {
-        const float* ot = &ot_[size_t(b * dv_ * kMaxLanes)];
+    void finish(int64_t t, int64_t h0, int64_t h1, int64_t first, int64_t lanes, int64_t valid) {
+        const float* ot = &ot_[size_t(first * dv_)];
         for (int64_t h = h0; h < h1; ++h) {
             const int64_t lane = h - h0;
             uint16_t* out = p_.out + t * p_.out_stride_s + h * p_.out_stride_h;
@@ -317,7 +321,7 @@ private:
                 lse = kInf;
                 continue;
             }
-            const float m = m_[size_t(b * kMaxLanes + lane)], l = l_[size_t(b * kMaxLanes + lane)];
+            const float m = m_[size_t(first + lane)], l = l_[size_t(first + lane)];
             // The sink joins the denominator in the same max-shifted domain: -inf adds 0, +inf zeroes out.
             const float sink = p_.attn_sink ? std::exp(p_.attn_sink[h * p_.attn_sink_stride] - m) : 0.0f;
             const float f = kv_scale_ / (l + sink);
@@ -329,14 +333,14 @@ private:
 
     const SparseMlaParams& p_;
     const float logit_scale_, kv_scale_;
-    const int64_t ld_, dv_, blocks_;
+    const int64_t ld_, dv_, heads_;
     std::vector<float> rows_;   // [kChunk, ld] the chunk's decoded valid kv rows; V is their head
     std::vector<float> q_row_;  // [d_qk] one decoded q row
-    std::vector<float> qt_;     // [blocks][d_qk][lanes] q of the item's heads, heads innermost
+    std::vector<float> qt_;     // per block [d_qk][lanes] q of the item's heads, heads innermost
     std::vector<float> st_;     // [kChunk][lanes] one block's logits, then their exponentials
-    std::vector<float> ot_;     // [blocks][dv][lanes] unnormalised sum of p * V (without kv_scale)
-    std::vector<float> m_;      // [blocks][kMaxLanes] running max logit per head
-    std::vector<float> l_;      // [blocks][kMaxLanes] running sum of exp(s - m) per head
+    std::vector<float> ot_;     // per block [dv][lanes] unnormalised sum of p * V (without kv_scale)
+    std::vector<float> m_;      // [heads] running max logit per head
+    std::vector<float> l_;      // [heads] running sum of exp(s - m) per head
 };
 
 // What the threads share: the items (each a token's group of heads), the next one to take, and
