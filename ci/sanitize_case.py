@@ -3,7 +3,11 @@ Each configuration names the kernel the registry runs it with (asserted), and ev
 registry also runs forced on one more. The 300- and 140-token configurations have more work items
 than SMs (the dual kernel's 300 more than its CTAs), so that CTAs of the persistent grid take
 several, some empty (token 2 has no slots, and CTA 2 takes token 134 after it); a hazard may show
-only in some orders of events, so the wide kernel's runs on several seeds."""
+only in some orders of events, so the wide kernel's runs on several seeds. The narrow kernels run
+h_q 1, 8, 16 (one M tile of 16 heads), 17 and 32 (two), also on 140 and 300 tokens.
+`python3 ci/sanitize_case.py 32` runs only the configurations with h_q <= 32."""
+import sys
+
 import torch
 
 import sparse_mla_fp8
@@ -12,11 +16,15 @@ from sparse_mla_fp8 import _C
 dev = torch.device("cuda")
 MULTI_ITEM_SEEDS = 4
 # (d_qk, h_q, topk, s_q, seed, kernel, forced): forced runs the kernel, else it is the registry's choice
-cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "fallback", False),
+cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", False),
          (512, 40, 100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
          (512, 40, 600, 300, 0, "dual", False)]
 cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
 cases += [(576, 70, 300, 140, 1, name, True) for name in _C.kernel_names()]
+cases += [(576, 1, 100, 300, 0, "narrow16", False), (512, 8, 640, 140, 0, "narrow16", False),
+          (576, 17, 130, 140, 0, "narrow32", False), (512, 32, 64, 300, 1, "narrow32", False)]
+if len(sys.argv) > 1:
+    cases = [c for c in cases if c[1] <= int(sys.argv[1])]
 for d_qk, h_q, topk, s_q, seed, kernel, forced in cases:
     if not forced:
         assert _C.kernel_for(h_q, topk, "exact") == kernel, (h_q, topk, kernel)

@@ -1,0 +1,69 @@
+// Tile shape of the SM90 narrow-head prefill kernel (h_q <= 32: one CTA per query token and all its
+// heads, whose tensor work follows the heads asked for), shared by the kernel and the host that
+// sizes its launch.
+#pragma once
+#include <stdint.h>
+
+namespace sparse_mla::sm90::narrow {
+
+constexpr int kMTileHeads = 16;      // heads of one m16n8k16 MMA tile (rows past h_q are zero)
+constexpr int kTileSlots = 64;       // slots gathered per ring step
+constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile, P.V on 128 columns of d_v
+constexpr int kGroupThreads = kWarpsPerMTile * 32;  // the warps of one M tile: a named barrier's threads
+constexpr int kDv = 512;
+constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (PERF.md: the floor)
+
+// kMTiles M tiles (16 heads each) per CTA: 4 consumer warps per M tile and one producer warp; one M
+// tile runs two CTAs per SM (two producers, and two consumer warps per SMSP to hide the latencies).
+template <int kMTiles>
+struct Shape {
+    static constexpr int kHeads = kMTileHeads * kMTiles;
+    static constexpr int kConsumerWarps = kWarpsPerMTile * kMTiles;
+    static constexpr int kConsumerThreads = kConsumerWarps * 32;
+    static constexpr int kThreads = kConsumerThreads + 32;
+    static constexpr int kCtasPerSm = kMTiles == 1 ? 2 : 1;
+};
+
+// An SM's 228 KB of shared memory less the 1 KB it keeps per CTA, shared by kCtas CTAs.
+constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024; }
+
+// Shared memory of one CTA (byte offsets):
+//   the ring: kBuffers landing tiles [slot][d_qk] e4m3 in 64-byte column atoms, 16-byte chunks
+//     swizzled so that ldmatrix reads 8 rows of one chunk conflict-free;
+//   the Q tile [head][d_qk] e4m3 (the producer loads the next item's once the consumers took this one's);
+//   the mbarriers of the ring and of Q;
+//   Q in fp16, in the order of the MMA's A fragments (per M tile, 16-column chunk and lane, 16 bytes);
+//   S of the tile in flight, double-buffered, per M tile: each warp's 16 slots as A fragments.
+// The probe of the gather floor (ci/probes) uses only what comes before q16.
+template <int D, int kMTiles, int kBuffersOverride = 0, int kCtas = Shape<kMTiles>::kCtasPerSm>
+struct Layout {
+    static_assert(D % 64 == 0 && D >= kDv, "d_qk in whole 64-byte atoms, holding d_v");
+    static constexpr int kTileBytes = kTileSlots * D;
+    static constexpr int kQ8Bytes = kMTileHeads * kMTiles * D;
+    static constexpr int kQ16Bytes = kMTiles * D * 32;
+    static constexpr int kSxMTileBytes = kWarpsPerMTile * 2 * 32 * 16;
+    static constexpr int kSxBytes = kMTiles * kSxMTileBytes;
+    static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kSxBytes;
+    static constexpr int kFit = (smem_limit(kCtas) - kFixed) / kTileBytes;
+    static constexpr int kBuffers = kBuffersOverride ? kBuffersOverride : (kFit < kMaxBuffers ? kFit : kMaxBuffers);
+    static_assert(kBuffers >= 2, "a ring of two tiles at least");
+    static constexpr int kLanding = 0;
+    static constexpr int kQ8 = kBuffers * kTileBytes;
+    static constexpr int kBarriers = kQ8 + kQ8Bytes;  // full[kBuffers], empty[kBuffers], q_full, q_empty
+    static constexpr int kBarrierBytes = (2 * kBuffers + 2) * 8;
+    static constexpr int kQ16 = (kBarriers + kBarrierBytes + 127) / 128 * 128;
+    static constexpr int kSx = kQ16 + kQ16Bytes;
+    static constexpr int kBytes = kSx + 2 * kSxBytes;
+    static constexpr int kGatherBytes = kQ16;  // what the floor's probe uses
+    static_assert(kBytes <= smem_limit(kCtas), "shared memory");
+};
+
+constexpr int kMaxHeads = 2 * kMTileHeads;
+// one M tile up to 16 heads, two up to 32
+constexpr int m_tiles(int64_t h_q) { return h_q <= kMTileHeads ? 1 : 2; }
+template <int kMTiles>
+constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kMTiles>::kBytes : Layout<576, kMTiles>::kBytes; }
+// O in fp32: any topk
+constexpr bool takes(int64_t h_q, int64_t) { return h_q <= kMaxHeads; }
+
+}  // namespace sparse_mla::sm90::narrow

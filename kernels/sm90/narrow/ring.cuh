@@ -1,0 +1,124 @@
+// The narrow kernel's ring: mbarriers, and the producer warp that gathers the CTA's kv tiles (cp.async,
+// each completing on its tile's mbarrier) and the Q rows of its items, in the order the consumers
+// take them.
+#pragma once
+
+#include <stdint.h>
+
+#include "params.h"
+#include "sm90/device_helpers.cuh"
+#include "sm90/narrow/config.h"
+#include "sm90/work.cuh"
+
+namespace sparse_mla::sm90::narrow {
+
+__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ inline void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ inline void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// arrives once this thread's cp.async copies so far have landed (the arrival is one of the count)
+__device__ inline void mbar_arrive_on_copies(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n wait:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra wait;\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// The ring's mbarriers: a tile's full (the producer's 32 lanes arrive when its copies land) and empty
+// (every consumer thread arrives when it has read the tile), and the same pair for the Q tile.
+template <int kBuffers>
+struct RingBarriers {
+    uint64_t* bars;
+    __device__ uint64_t* full(int b) const { return bars + b; }
+    __device__ uint64_t* empty(int b) const { return bars + kBuffers + b; }
+    __device__ uint64_t* q_full() const { return bars + 2 * kBuffers; }
+    __device__ uint64_t* q_empty() const { return bars + 2 * kBuffers + 1; }
+    __device__ void init(int consumer_threads) const {
+        for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), 32), mbar_init(empty(b), consumer_threads);
+        mbar_init(q_full(), 32), mbar_init(q_empty(), consumer_threads);
+    }
+};
+
+// Byte offset of the 16-byte chunk c (d_qk bytes 16 c ..) of row r in a landing tile: 64-byte atom
+// columns of kTileSlots rows, the chunk's place in its row swizzled by (r / 2) % 4, so that the 8 rows
+// of one ldmatrix matrix, and the 8 rows of one producer store, fall in distinct banks.
+__device__ inline uint32_t landing_chunk(uint32_t r, uint32_t c) {
+    return (c / 4) * (kTileSlots * 64) + r * 64 + (((c % 4) ^ ((r / 2) % 4)) * 16);
+}
+
+// Where a consumer's or the producer's unit of work is in the CTA's sequence: the n-th tile of the ring
+// and the n-th Q, counted across the CTA's items (CTA c takes items c, c + gridDim.x, ...; an
+// item is one token; tokens without slots take neither).
+struct RingCursor {
+    int tile = 0, q = 0;
+};
+
+// The producer warp. A lane owns rows row0 + 8 k of a tile and in each the chunks part + 4 m.
+template <int D, int kMTiles, int kBuffers>
+__device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, uint8_t* q8,
+                        const RingBarriers<kBuffers>& bars) {
+    constexpr int kChunks = D / 16;
+    constexpr int kHeads = kMTileHeads * kMTiles;
+    constexpr int kRowsPerLane = kTileSlots / 8;
+    const int lane = threadIdx.x % 32, row0 = lane / 4, part = lane % 4;
+    const bool aligned = p.rows_16b_aligned;
+    // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0
+    const uint32_t landing0 = smem_u32(landing) + landing_chunk(row0, part);
+    auto arrive = [&](uint64_t* bar) {
+        if (aligned) mbar_arrive_on_copies(bar);
+        else mbar_arrive(bar);  // the byte copies were plain stores
+    };
+    RingCursor at;
+    for (int64_t t = blockIdx.x; t < work.n_items; t += gridDim.x) {
+        const int64_t n_slots = work.slots_of(t);
+        if (n_slots == 0) continue;
+        const int32_t* idx_row = work.indices_of(t);
+        {  // Q rows of the token, heads past h_q zero
+            if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
+            for (int u = lane; u < kHeads * kChunks; u += 32) {
+                const int h = u / kChunks, c = u % kChunks;
+                const bool valid = h < p.h_q;
+                const uint8_t* src = valid ? p.q + t * p.q_stride_s + h * p.q_stride_h + 16 * c : p.q;
+                copy_chunk(q8 + h * D + 16 * c, src, valid, aligned);
+            }
+            arrive(bars.q_full());
+            ++at.q;
+        }
+        const int n_tiles = WorkItems::tiles_of(n_slots);
+        for (int tile = 0; tile < n_tiles; ++tile, ++at.tile) {
+            const int b = at.tile % kBuffers;
+            int32_t j[kRowsPerLane];
+#pragma unroll
+            for (int k = 0; k < kRowsPerLane; ++k) {
+                const int64_t slot = int64_t{tile} * kTileSlots + row0 + 8 * k;
+                j[k] = slot < n_slots ? __ldg(idx_row + slot) : -1;
+            }
+            if (at.tile >= kBuffers) mbar_wait(bars.empty(b), (at.tile / kBuffers - 1) & 1);
+#pragma unroll
+            for (int k = 0; k < kRowsPerLane; ++k) {
+                // an invalid row is zero-filled: nothing is read at src then
+                const bool valid = work.in_range(j[k]);
+                const uint8_t* src = p.kv + (valid ? j[k] * p.kv_stride_s : 0) + 16 * part;
+                const uint32_t dst = landing0 + b * (kTileSlots * D) + 8 * k * 64;
+                if (aligned) {
+#pragma unroll
+                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * (kTileSlots * 64), src + 64 * m, valid);
+                } else {
+                    uint8_t* d = landing + (dst - smem_u32(landing));
+                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * (kTileSlots * 64), src + 64 * m, valid, false);
+                }
+            }
+            arrive(bars.full(b));
+        }
+    }
+    cute::cp_async_wait<0>();
+}
+
+}  // namespace sparse_mla::sm90::narrow
