@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build and install, then the GPU suite, the demo, the benchmark and the
-# sanitizers. Logs go to $OUT. Usage: ci/gpu.sh [build] [test] [frameworks] [demo] [bench] [sanitize] (default: all but frameworks)
+# sanitizers. Logs go to $OUT. Usage: ci/gpu.sh [build] [test] [frameworks] [demo] [bench] [sanitize] [floor]
+# (default: all but frameworks and floor; floor: the narrow kernels' gather floor on the serving shapes,
+# which needs the peers' compare.py in $PEERS, default .peers).
 # A GPU machine without a package registry gets the CuTe/CUTLASS headers from a wheel carried in .whl/
 # (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
 set -uo pipefail
@@ -46,5 +48,12 @@ if step sanitize; then
     record $? "compute-sanitizer $tool"
     tail -3 "$OUT/$tool.log"
   done
+fi
+if step floor; then
+  cutlass=$(python3 -c "import importlib.util, os; print(os.path.join(importlib.util.find_spec('cutlass_library').submodule_search_locations[0], 'source', 'include'))")
+  nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr \
+       -Ikernels -I"$cutlass" -o "$OUT/narrow_gather.fatbin" ci/probes/narrow_gather.cu &&
+    python3 ci/probes/narrow_gather.py "$OUT/narrow_gather.fatbin" "${PEERS:-.peers}" 2>&1 | tee "$OUT/floor.log"
+  record $? "gather floor"
 fi
 exit $status

@@ -17,12 +17,15 @@
 #include "precision.h"
 #include "sm90/dual/config.h"
 #include "sm90/fallback/config.h"
+#include "sm90/narrow/config.h"
 #include "sm90/split/config.h"
 #include "sm90/wide/config.h"
 
 // X(name) per kernel, in dispatch order. (Until fast kernels exist every kernel is an exact one and
 // takes both precisions.)
 #define SPARSE_MLA_SM90_KERNELS(X) \
+    X(narrow16)                    \
+    X(narrow32)                    \
     X(wide)                        \
     X(split)                       \
     X(dual)                        \

@@ -6,16 +6,21 @@ tile divides, long rows, and bitwise determinism."""
 import numpy as np
 import pytest
 
-import sparse_mla_fp8
-from harness import (INT_MAX, INT_MIN, Backend, assert_matches, call_args, invoke, random_case,
-                     results_numpy, run_and_check, seed_of, table_dims)
+from sparse_mla_fp8 import _C
+from harness import (INT_MAX, INT_MIN, Backend, assert_matches, call_args, gpu_supported, invoke, random_case,
+                     results_numpy, run_and_check, seed_of, table_dims, unaligned_kv, unaligned_q)
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available() or not sparse_mla_fp8.supports(576, device="cuda"):
+if not torch.cuda.is_available() or not gpu_supported("cuda"):
     pytest.skip("needs a CUDA GPU with a compiled specialization", allow_module_level=True)
 
 pytestmark = pytest.mark.gpu
 EXACT_OUT_TOL = 1e-2  # CONTRACT.md, "exact": out rel-L2 (the harness allows any GPU kernel 2e-2)
+
+
+def _runs(h_q, topk):
+    kernel = "narrow16" if h_q <= 16 else "narrow32"
+    assert _C.kernel_for(h_q, topk, "exact") == kernel == _C.kernel_for(h_q, topk, "fast"), (h_q, topk)
 
 
 @pytest.fixture
@@ -42,6 +47,7 @@ def _serving_like(case, rng, invalid_fraction=0.1):
 @pytest.mark.parametrize("h_q", range(1, 33))
 @pytest.mark.parametrize("d_qk", table_dims())
 def test_every_head_count(cuda, d_qk, h_q):
+    _runs(h_q, 333)
     case = random_case(seed_of("narrow", d_qk, h_q), 12, 3000, h_q, d_qk, 333)
     run_and_check(cuda, _serving_like(case, np.random.default_rng(h_q)))
 
@@ -50,7 +56,8 @@ def test_every_head_count(cuda, d_qk, h_q):
 @pytest.mark.parametrize("d_qk", table_dims())
 def test_more_tokens_than_sms(cuda, d_qk, h_q, topk):
     """The grid is persistent (one CTA per SM): each CTA takes several tokens in turn, across which the
-    ring of kv tiles and the two Q tiles run on; tokens without slots (topk_length 0) sit between."""
+    ring of kv tiles and the Q tile run on; tokens without slots (topk_length 0) sit between."""
+    _runs(h_q, topk)
     s_q, s_kv = 300, 5000
     case = random_case(seed_of("narrow items", d_qk, h_q), s_q, s_kv, h_q, d_qk, topk)
     rng = np.random.default_rng(d_qk + h_q)
@@ -66,6 +73,7 @@ def test_more_tokens_than_sms(cuda, d_qk, h_q, topk):
 def test_long_rows_one_kv_row(cuda, h_q):
     """O sums in fp32, so no topk bound: 8192 slots that all name one kv row (every P.V step adds the
     same terms) and a token of all-distinct rows stay exact."""
+    _runs(h_q, 8192)
     d_qk = table_dims()[-1]
     case = random_case(seed_of("narrow long", h_q), 3, 20000, h_q, d_qk, 8192)
     case.indices[0] = case.indices[0, :, :1]
@@ -74,6 +82,7 @@ def test_long_rows_one_kv_row(cuda, h_q):
 
 @pytest.mark.parametrize("h_q", [5, 16, 31])
 def test_bitwise_deterministic(cuda, h_q):
+    _runs(h_q, 700)
     case = random_case(seed_of("narrow det", h_q), 300, 4000, h_q, table_dims()[-1], 700)
     kw = call_args(cuda, _serving_like(case, np.random.default_rng(h_q)))
     first = [cuda.raw(x) for x in invoke(kw)]
@@ -82,18 +91,13 @@ def test_bitwise_deterministic(cuda, h_q):
 
 
 def test_unaligned_rows(cuda):
-    """q and kv rows that do not start on 16 bytes take the producer's byte copies; out rows that do
-    not (the host asks for bf16 pairs), the 4-byte stores."""
+    """q and kv rows off the 16-byte grid take the producer's byte copies; out rows off it (the host
+    asks for bf16 pairs), the 4-byte stores."""
     h_q, d_qk = 9, table_dims()[0]
-    case = random_case(seed_of("narrow unaligned"), 5, 700, h_q, d_qk, 150)
-    rng = np.random.default_rng(5)
-    case = _serving_like(case, rng)
-    q = np.zeros((case.s_q, h_q, d_qk + 1), np.uint8)
-    q[:, :, 1:] = case.q
-    case.q = q[:, :, 1:]
-    kv = np.zeros((case.kv.shape[0], 1, d_qk + 3), np.uint8)
-    kv[:, :, 3:] = case.kv
-    case.kv = kv[:, :, 3:]
+    _runs(h_q, 150)
+    case = _serving_like(random_case(seed_of("narrow unaligned"), 5, 700, h_q, d_qk, 150), np.random.default_rng(5))
+    unaligned_q(case)
+    unaligned_kv(case)
     kw = call_args(cuda, case)
     out = torch.full((case.s_q, h_q, 514), -1, dtype=torch.int16, device="cuda").view(torch.bfloat16)
     kw["out"] = out[:, :, 2:]

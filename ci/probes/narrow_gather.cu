@@ -1,6 +1,6 @@
 // The gather floor of the narrow kernel: its ring (producer warp, mbarriers, landing tiles) with
 // consumers that only take and release each tile, for the ring depths and CTAs per SM named by the
-// entries. Built and run by narrow_gather.py on the GPU machine.
+// entries. Built and run by `ci/gpu.sh floor` on the GPU machine (narrow_gather.py).
 #include "sm90/narrow/ring.cuh"
 
 namespace sparse_mla::sm90::narrow {

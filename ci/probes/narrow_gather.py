@@ -2,7 +2,8 @@
 depths 2-4 and 1-2 CTAs per SM, on the index rows compare.py builds. Prints µs and TB/s (bytes of the
 valid rows gathered into shared memory) per shape and configuration.
 
-Usage on the GPU machine: python3 ci/probes/narrow_gather.py FATBIN PEERS_DIR"""
+Usage on the GPU machine: ci/gpu.sh floor (it builds the fatbin), or
+python3 ci/probes/narrow_gather.py FATBIN PEERS_DIR"""
 import sys
 
 import cupy

@@ -4,14 +4,15 @@
 #pragma once
 #include <stdint.h>
 
+#include "precision.h"
+#include "sm90/config.h"  // kSlotsPerTile, kDv
+
 namespace sparse_mla::sm90::narrow {
 
 constexpr int kMTileHeads = 16;      // heads of one m16n8k16 MMA tile (rows past h_q are zero)
-constexpr int kTileSlots = 64;       // slots gathered per ring step
 constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile, P.V on 128 columns of d_v
 constexpr int kGroupThreads = kWarpsPerMTile * 32;  // the warps of one M tile: a named barrier's threads
-constexpr int kDv = 512;
-constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (PERF.md: the floor)
+constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (2 is as fast: PERF.md)
 
 // kMTiles M tiles (16 heads each) per CTA: 4 consumer warps per M tile and one producer warp; one M
 // tile runs two CTAs per SM (two producers, and two consumer warps per SMSP to hide the latencies).
@@ -38,7 +39,7 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 template <int D, int kMTiles, int kBuffersOverride = 0, int kCtas = Shape<kMTiles>::kCtasPerSm>
 struct Layout {
     static_assert(D % 64 == 0 && D >= kDv, "d_qk in whole 64-byte atoms, holding d_v");
-    static constexpr int kTileBytes = kTileSlots * D;
+    static constexpr int kTileBytes = kSlotsPerTile * D;
     static constexpr int kQ8Bytes = kMTileHeads * kMTiles * D;
     static constexpr int kQ16Bytes = kMTiles * D * 32;
     static constexpr int kSxMTileBytes = kWarpsPerMTile * 2 * 32 * 16;
@@ -58,12 +59,26 @@ struct Layout {
     static_assert(kBytes <= smem_limit(kCtas), "shared memory");
 };
 
-constexpr int kMaxHeads = 2 * kMTileHeads;
-// one M tile up to 16 heads, two up to 32
-constexpr int m_tiles(int64_t h_q) { return h_q <= kMTileHeads ? 1 : 2; }
 template <int kMTiles>
-constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kMTiles>::kBytes : Layout<576, kMTiles>::kBytes; }
-// O in fp32: any topk
-constexpr bool takes(int64_t h_q, int64_t) { return h_q <= kMaxHeads; }
+constexpr int64_t head_blocks(int64_t h_q) { return (h_q + Shape<kMTiles>::kHeads - 1) / Shape<kMTiles>::kHeads; }
+
+// The registry's entries (kernels/registry.h), first in its list: one M tile takes h_q <= 16, two
+// take h_q <= 32; O in fp32, so any topk. (An exact kernel: it takes both precisions until fast
+// kernels exist.)
+template <int kMTiles>
+struct Traits {
+    static constexpr int kThreads = Shape<kMTiles>::kThreads;
+    static constexpr int kCtasPerSm = Shape<kMTiles>::kCtasPerSm;
+    static constexpr int kHeadsPerCta = Shape<kMTiles>::kHeads;
+    static constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kMTiles>::kBytes : Layout<576, kMTiles>::kBytes; }
+    static constexpr bool takes(int64_t h_q, int64_t, Precision) { return h_q <= kHeadsPerCta; }
+};
 
 }  // namespace sparse_mla::sm90::narrow
+
+namespace sparse_mla::sm90::narrow16 {
+using Traits = narrow::Traits<1>;
+}
+namespace sparse_mla::sm90::narrow32 {
+using Traits = narrow::Traits<2>;
+}

@@ -55,7 +55,7 @@ __device__ inline uint32_t ldmatrix_lane_offset(int lane) {
     return r * 64 + (((i / 2) ^ ((r / 2) % 4)) * 16);
 }
 __device__ inline uint32_t ldmatrix_at(uint32_t tile, int row0, int c, uint32_t lane_offset) {
-    return tile + (c / 4) * (kTileSlots * 64) + row0 * 64 + ((c % 4) ? (lane_offset ^ 32) : lane_offset);
+    return tile + (c / 4) * (kSlotsPerTile * 64) + row0 * 64 + ((c % 4) ? (lane_offset ^ 32) : lane_offset);
 }
 // Q K^T's k order: a non-transposed matrix gives lane (gid, tig) bytes 4 tig .. 4 tig + 3 of its
 // row (slot gid); converted, the first pair is B's k rows 2 tig, 2 tig + 1 and the second k rows
@@ -67,27 +67,6 @@ __device__ inline uint32_t ldmatrix_at(uint32_t tile, int row0, int c, uint32_t 
 // n8 tiles, the chunk's even and its odd columns. O's accumulators then hold, per row, the 4
 // consecutive columns 4 tig .. 4 tig + 3 of each chunk.
 constexpr uint32_t kEvenOddBytes = 0x3120;
-
-// e4m3 to the MMA's fp16, two ways, each exact for every finite e4m3 (subnormals included):
-//   pairs(w): a word's bytes as two fp16 pairs, the k pairs of Q K^T (Q's A fragments follow the same);
-//   even_odd(w): (b0, b2), (b1, b3), the B fragments of P.V's even and odd n8 tiles;
-//   kScale: the value is kScale times the fp16.
-struct CvtConvert {  // cvt (F2FP): (b0, b1), (b2, b3)
-    static constexpr float kScale = 1.f;
-    __device__ static uint2 pairs(uint32_t w) { return e4m3x4_to_half2x2(w); }
-    __device__ static uint2 even_odd(uint32_t w) { return e4m3x4_to_half2x2(__byte_perm(w, 0, kEvenOddBytes)); }
-};
-struct ShiftConvert {  // integer ops: the byte's sign to bit 15, its other 7 bits to bits 13..7 (2^-8 x the value)
-    static constexpr float kScale = 256.f;
-    __device__ static uint32_t odd(uint32_t w) { return (w & 0x80008000u) | ((w >> 1) & 0x3f803f80u); }
-    __device__ static uint2 even_odd(uint32_t w) { return make_uint2(odd(w << 8), odd(w)); }
-    __device__ static uint2 pairs(uint32_t w) { return even_odd(w); }
-};
-struct RawConvert {  // timing only: no conversion
-    static constexpr float kScale = 1.f;
-    __device__ static uint2 pairs(uint32_t w) { return make_uint2(w, w); }
-    __device__ static uint2 even_odd(uint32_t w) { return make_uint2(w, w); }
-};
 
 // This thread's part of a row of out (head h of token t): columns 4 tig .. + 3 of each of its 8 chunks
 // (128 q + 16 dl ..), each 4 values v(dl, k), 8 bytes.
@@ -107,9 +86,9 @@ __device__ inline void store_out_row(const SparseMlaParams& p, int64_t t, int64_
     }
 }
 
-// The consumer warps of M tile mt (heads 16 mt ..): warp q of the tile computes S on slots 16 q ..
+// The consumer warps of M tile mt (heads head0 + 16 mt .. of an item): warp q of the tile computes S on slots 16 q ..
 // 16 q + 15 of each tile and owns O's columns 128 q .. 128 q + 127.
-template <int D, int kMTiles, int kBuffers, class QkCvt, class PvCvt>
+template <int D, int kMTiles, int kBuffers>
 __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
                         uint4* q16, float4* sx, const RingBarriers<kBuffers>& bars) {
     constexpr int kChunks = D / 16;
@@ -119,17 +98,17 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
     const int mt = warp / kWarpsPerMTile, q = warp % kWarpsPerMTile;
     const int group_tid = threadIdx.x % kGroupThreads, group_bar = 1 + mt;
     const Scales scale(p);
-    const float logit_scale = scale.logit * (QkCvt::kScale * QkCvt::kScale), v_scale = scale.kv * PvCvt::kScale;
     const uint32_t lane_offset = ldmatrix_lane_offset(lane);
     const uint32_t landing0 = smem_u32(landing);
     uint4* q16_tile = q16 + mt * kChunks * 32;
     RingCursor at;
-    for (int64_t t = blockIdx.x; t < work.n_items; t += gridDim.x) {
+    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
+        const int64_t t = work.at(item).token, head0 = work.at(item).head0;
         const int64_t n_slots = work.slots_of(t);
         if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int64_t h = kMTileHeads * mt + gid + 8 * r;
+                const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
                 if (h >= p.h_q) continue;
                 store_out_row(p, t, h, q, tig, [](int, int) { return 0.f; });
                 if (q == 0 && tig == 0) {
@@ -148,7 +127,7 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 const int c = e / 32, g = (e % 32) / 4, tg = e % 4;
                 const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + g * D + 16 * c + 4 * tg);
                 const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + (g + 8) * D + 16 * c + 4 * tg);
-                const uint2 h0 = QkCvt::pairs(w0), h1 = QkCvt::pairs(w1);
+                const uint2 h0 = e4m3x4_to_half2x2(w0), h1 = e4m3x4_to_half2x2(w1);
                 q16_tile[e] = make_uint4(h0.x, h1.x, h0.y, h1.y);
             }
             mbar_arrive(bars.q_empty());
@@ -174,10 +153,10 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int64_t slot = int64_t{tile} * kTileSlots + 16 * q + 8 * j + 2 * tig + e;
+                    const int64_t slot = int64_t{tile} * kSlotsPerTile + 16 * q + 8 * j + 2 * tig + e;
                     valid[j][e] = slot < n_slots && work.in_range(__ldg(idx_row + slot));
                 }
-            const uint32_t tile_s = landing0 + b * (kTileSlots * D);
+            const uint32_t tile_s = landing0 + b * (kSlotsPerTile * D);
             mbar_wait(bars.full(b), (at.tile / kBuffers) & 1);
 
             // 2. S on this warp's 16 slots (n8 tiles j = 0, 1), two partial sums per tile for ILP
@@ -191,7 +170,7 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
                     const uint4 a = q16_tile[(c + cc) * 32 + lane];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        const uint2 bh = QkCvt::pairs(r[2 * cc + j]);
+                        const uint2 bh = e4m3x4_to_half2x2(r[2 * cc + j]);
                         mma_f16(acc[cc][j], a, bh.x, bh.y);
                     }
                 }
@@ -202,7 +181,7 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 float s[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    s[e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * logit_scale : -CUDART_INF_F;
+                    s[e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
                 sx_tile[(2 * q + j) * 32 + lane] = make_float4(s[0], s[1], s[2], s[3]);
             }
             bar_sync(group_bar, kGroupThreads);
@@ -262,7 +241,8 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
                     ldmatrix_x4_trans(r, ldmatrix_at(tile_s, 16 * kc, 8 * q + 2 * dp, lane_offset));
 #pragma unroll
                     for (int cc = 0; cc < 2; ++cc) {
-                        const uint2 lo = PvCvt::even_odd(r[2 * cc]), hi = PvCvt::even_odd(r[2 * cc + 1]);
+                        const uint2 lo = e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes));
+                        const uint2 hi = e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes));
                         mma_f16(o[2 * dp + cc][0], pa[kc], lo.x, hi.x);
                         mma_f16(o[2 * dp + cc][1], pa[kc], lo.y, hi.y);
                     }
@@ -273,13 +253,13 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
         // 4. the item's end
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int64_t h = kMTileHeads * mt + gid + 8 * r;
+            const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
             const float total = quad_sum(sum[r]);  // relative to ref
             if (h >= p.h_q) continue;
             const bool empty = row_max[r] == -CUDART_INF_F;
             float denom = total;
             if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - ref[r]);
-            const float o_scale = empty ? 0.f : v_scale / denom;
+            const float o_scale = empty ? 0.f : scale.kv / denom;
             store_out_row(p, t, h, q, tig, [&](int dl, int k) { return o[dl][k % 2][2 * r + k / 2] * o_scale; });
             if (q == 0 && tig == 0) {
                 p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : row_max[r] * kLn2;
@@ -289,21 +269,31 @@ __device__ void consume(const SparseMlaParams& p, const WorkItems& work, uint8_t
     }
 }
 
-template <int D, int kMTiles, class QkCvt = ShiftConvert, class PvCvt = ShiftConvert, int kCtas = Shape<kMTiles>::kCtasPerSm>
-__device__ void prefill(const SparseMlaParams& p) {
+template <int D, int kMTiles>
+__device__ void prefill_heads(const SparseMlaParams& p) {
     extern __shared__ __align__(1024) uint8_t smem[];
-    using L = Layout<D, kMTiles, 0, kCtas>;
+    using L = Layout<D, kMTiles>;
     using S = Shape<kMTiles>;
-    const WorkItems work(p, S::kHeads, 1);
+    const WorkItems work(p, S::kHeads, head_blocks<kMTiles>(p.h_q));
     const RingBarriers<L::kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
     if (threadIdx.x == 0) bars.init(S::kConsumerThreads);
     __syncthreads();
     if (threadIdx.x / 32 == S::kConsumerWarps) {
         produce<D, kMTiles, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
     } else {
-        consume<D, kMTiles, L::kBuffers, QkCvt, PvCvt>(p, work, smem + L::kLanding, smem + L::kQ8,
+        consume<D, kMTiles, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
                                          reinterpret_cast<uint4*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kSx), bars);
     }
 }
 
 }  // namespace sparse_mla::sm90::narrow
+
+// The registry's entries (narrow/config.h).
+namespace sparse_mla::sm90::narrow16 {
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) { narrow::prefill_heads<D, 1>(p); }
+}  // namespace sparse_mla::sm90::narrow16
+namespace sparse_mla::sm90::narrow32 {
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) { narrow::prefill_heads<D, 2>(p); }
+}  // namespace sparse_mla::sm90::narrow32

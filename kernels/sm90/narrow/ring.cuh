@@ -47,15 +47,16 @@ struct RingBarriers {
 };
 
 // Byte offset of the 16-byte chunk c (d_qk bytes 16 c ..) of row r in a landing tile: 64-byte atom
-// columns of kTileSlots rows, the chunk's place in its row swizzled by (r / 2) % 4, so that the 8 rows
+// columns of kSlotsPerTile rows, the chunk's place in its row swizzled by (r / 2) % 4, so that the 8 rows
 // of one ldmatrix matrix, and the 8 rows of one producer store, fall in distinct banks.
 __device__ inline uint32_t landing_chunk(uint32_t r, uint32_t c) {
-    return (c / 4) * (kTileSlots * 64) + r * 64 + (((c % 4) ^ ((r / 2) % 4)) * 16);
+    return (c / 4) * (kSlotsPerTile * 64) + r * 64 + (((c % 4) ^ ((r / 2) % 4)) * 16);
 }
 
 // Where a consumer's or the producer's unit of work is in the CTA's sequence: the n-th tile of the ring
-// and the n-th Q, counted across the CTA's items (CTA c takes items c, c + gridDim.x, ...; an
-// item is one token; tokens without slots take neither).
+// and the n-th Q, counted across the CTA's items (CTA c takes items c, c + gridDim.x, ...; an item is
+// a token and a block of Shape::kHeads heads, one block per token where the registry chooses the
+// kernel; items without slots take neither).
 struct RingCursor {
     int tile = 0, q = 0;
 };
@@ -66,7 +67,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                         const RingBarriers<kBuffers>& bars) {
     constexpr int kChunks = D / 16;
     constexpr int kHeads = kMTileHeads * kMTiles;
-    constexpr int kRowsPerLane = kTileSlots / 8;
+    constexpr int kRowsPerLane = kSlotsPerTile / 8;
     const int lane = threadIdx.x % 32, row0 = lane / 4, part = lane % 4;
     const bool aligned = p.rows_16b_aligned;
     // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0
@@ -76,16 +77,17 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         else mbar_arrive(bar);  // the byte copies were plain stores
     };
     RingCursor at;
-    for (int64_t t = blockIdx.x; t < work.n_items; t += gridDim.x) {
+    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
+        const int64_t t = work.at(item).token, head0 = work.at(item).head0;
         const int64_t n_slots = work.slots_of(t);
         if (n_slots == 0) continue;
         const int32_t* idx_row = work.indices_of(t);
-        {  // Q rows of the token, heads past h_q zero
+        {  // the item's Q rows, heads past h_q zero
             if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
             for (int u = lane; u < kHeads * kChunks; u += 32) {
                 const int h = u / kChunks, c = u % kChunks;
-                const bool valid = h < p.h_q;
-                const uint8_t* src = valid ? p.q + t * p.q_stride_s + h * p.q_stride_h + 16 * c : p.q;
+                const bool valid = head0 + h < p.h_q;
+                const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + h) * p.q_stride_h + 16 * c : p.q;
                 copy_chunk(q8 + h * D + 16 * c, src, valid, aligned);
             }
             arrive(bars.q_full());
@@ -97,7 +99,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             int32_t j[kRowsPerLane];
 #pragma unroll
             for (int k = 0; k < kRowsPerLane; ++k) {
-                const int64_t slot = int64_t{tile} * kTileSlots + row0 + 8 * k;
+                const int64_t slot = int64_t{tile} * kSlotsPerTile + row0 + 8 * k;
                 j[k] = slot < n_slots ? __ldg(idx_row + slot) : -1;
             }
             if (at.tile >= kBuffers) mbar_wait(bars.empty(b), (at.tile / kBuffers - 1) & 1);
@@ -106,13 +108,13 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 // an invalid row is zero-filled: nothing is read at src then
                 const bool valid = work.in_range(j[k]);
                 const uint8_t* src = p.kv + (valid ? j[k] * p.kv_stride_s : 0) + 16 * part;
-                const uint32_t dst = landing0 + b * (kTileSlots * D) + 8 * k * 64;
+                const uint32_t dst = landing0 + b * (kSlotsPerTile * D) + 8 * k * 64;
                 if (aligned) {
 #pragma unroll
-                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * (kTileSlots * 64), src + 64 * m, valid);
+                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * (kSlotsPerTile * 64), src + 64 * m, valid);
                 } else {
                     uint8_t* d = landing + (dst - smem_u32(landing));
-                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * (kTileSlots * 64), src + 64 * m, valid, false);
+                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * (kSlotsPerTile * 64), src + 64 * m, valid, false);
                 }
             }
             arrive(bars.full(b));
