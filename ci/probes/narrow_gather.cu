@@ -10,7 +10,7 @@ __device__ void gather_only(const SparseMlaParams& p) {
     extern __shared__ __align__(1024) uint8_t smem[];
     using L = Layout<D, 1, kBuffers, 1>;
     constexpr int kConsumerThreads = Shape<1>::kConsumerThreads;
-    const WorkItems work(p, kMTileHeads, 1);
+    const WorkItems work(p, kMTileHeads);
     const RingBarriers<kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
     if (threadIdx.x == 0) bars.init(kConsumerThreads);
     __syncthreads();

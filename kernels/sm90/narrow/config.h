@@ -59,9 +59,6 @@ struct Layout {
     static_assert(kBytes <= smem_limit(kCtas), "shared memory");
 };
 
-template <int kMTiles>
-constexpr int64_t head_blocks(int64_t h_q) { return (h_q + Shape<kMTiles>::kHeads - 1) / Shape<kMTiles>::kHeads; }
-
 // The registry's entries (kernels/registry.h), first in its list: one M tile takes h_q <= 16, two
 // take h_q <= 32; O in fp32, so any topk. (An exact kernel: it takes both precisions until fast
 // kernels exist.)

@@ -274,7 +274,7 @@ __device__ void prefill_heads(const SparseMlaParams& p) {
     extern __shared__ __align__(1024) uint8_t smem[];
     using L = Layout<D, kMTiles>;
     using S = Shape<kMTiles>;
-    const WorkItems work(p, S::kHeads, head_blocks<kMTiles>(p.h_q));
+    const WorkItems work(p, S::kHeads);
     const RingBarriers<L::kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
     if (threadIdx.x == 0) bars.init(S::kConsumerThreads);
     __syncthreads();
