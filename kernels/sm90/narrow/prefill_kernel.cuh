@@ -2,10 +2,10 @@
 // CTA per query token and all of its heads, so that its tensor work follows the heads asked for (the
 // 64-head kernels pad to 64). One template for every QK head dim and one or two M tiles of 16 heads.
 //
-// With so few heads the gather of kv rows bounds it (PERF.md), so the math is what keeps up with
-// the gather at the least cost: mma.sync m16n8k16 in fp16 with fp32 accumulators, the e4m3 K and V
-// converted exactly to fp16 in registers after ldmatrix from the landing tile (no fp16 copy of V in
-// shared memory, no transposed tile). Per tile of 64 slots:
+// The math is mma.sync m16n8k16 in fp16 with fp32 accumulators, the e4m3 K and V converted exactly to
+// fp16 in registers after ldmatrix from the landing tile (no fp16 copy of V in shared memory, no
+// transposed tile); its rate, not the gather, bounds the kernel (PERF.md, where wgmma is the next
+// step). Per tile of 64 slots:
 //   1. the producer warp gathers the e4m3 kv rows (cp.async completing on the tile's mbarrier) into a
 //      ring of landing tiles; invalid slots become zero rows with a -inf logit;
 //   2. each of an M tile's 4 warps computes S = Q K^T on 16 slots, all of d_qk (fp32-grade: exact
@@ -14,7 +14,7 @@
 //      same rows in the same order: bitwise the same max, reference and sums in each warp), makes P
 //      (fp16) as the A of P.V and adds P V into its 128 columns of O, in fp32 registers;
 //   4. at an item's end, out, and max_logits and lse from the running max and sum.
-// The grid is persistent (one CTA per SM, tokens taken in turn).
+// The grid is persistent (two CTAs per SM for one M tile, one for two; items taken in turn).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,7 +49,7 @@ __device__ inline void mma_f16(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1)
 // The fragment layouts (gid = lane / 4, tig = lane % 4). An ldmatrix x4 at rows R.. of a landing tile
 // and chunks c, c + 1 (c even) reads four 8x16-byte matrices: (rows R..R+7, c), (R+8..R+15, c),
 // (R..R+7, c+1), (R+8..R+15, c+1); lane L gives the address of row L % 8 of matrix L / 8. Its
-// offset from (R, c) in landing_chunk's layout, for c % 4 == 0 (c % 4 == 2: ^ 32, the chunk's bit 1):
+// offset from (R, c) in sw64_chunk's layout, for c % 4 == 0 (c % 4 == 2: ^ 32, the chunk's bit 1):
 __device__ inline uint32_t ldmatrix_lane_offset(int lane) {
     const int i = lane / 8, r = 8 * (i % 2) + lane % 8;
     return r * 64 + (((i / 2) ^ ((r / 2) % 4)) * 16);

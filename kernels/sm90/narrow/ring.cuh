@@ -46,13 +46,6 @@ struct RingBarriers {
     }
 };
 
-// Byte offset of the 16-byte chunk c (d_qk bytes 16 c ..) of row r in a landing tile: 64-byte atom
-// columns of kSlotsPerTile rows, the chunk's place in its row swizzled by (r / 2) % 4, so that the 8 rows
-// of one ldmatrix matrix, and the 8 rows of one producer store, fall in distinct banks.
-__device__ inline uint32_t landing_chunk(uint32_t r, uint32_t c) {
-    return (c / 4) * (kSlotsPerTile * 64) + r * 64 + (((c % 4) ^ ((r / 2) % 4)) * 16);
-}
-
 // Where a consumer's or the producer's unit of work is in the CTA's sequence: the n-th tile of the ring
 // and the n-th Q, counted across the CTA's items (CTA c takes items c, c + gridDim.x, ...; an item is
 // a token and a block of Shape::kHeads heads, one block per token where the registry chooses the
@@ -70,8 +63,10 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     constexpr int kRowsPerLane = kSlotsPerTile / 8;
     const int lane = threadIdx.x % 32, row0 = lane / 4, part = lane % 4;
     const bool aligned = p.rows_16b_aligned;
-    // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0
-    const uint32_t landing0 = smem_u32(landing) + landing_chunk(row0, part);
+    // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0; a
+    // landing tile is the 64-byte-swizzled layout of the other kernels' (sw64_chunk), in which the 8
+    // rows of one ldmatrix matrix, and of one warp's stores, fall in distinct banks
+    const uint32_t landing0 = smem_u32(landing) + sw64_chunk(row0, part);
     auto arrive = [&](uint64_t* bar) {
         if (aligned) mbar_arrive_on_copies(bar);
         else mbar_arrive(bar);  // the byte copies were plain stores
