@@ -282,11 +282,16 @@ private:
         }
 
         const V m_old = load<V>(&m_[size_t(first)]);
+        // A NaN logit poisons the max, as in a float64 reference. (One condition per select: GCC
+        // splits a select on two conditions into lanes before this is compiled for the entry's ISA.)
         V m = m_old;
+        decltype(m < m) nan = {};
         for (int64_t c = 0; c < n; ++c) {
             const V s = load<V>(st + c * L);
-            m = (s > m) | (s != s) ? s : m;  // a NaN logit poisons the max, as in a float64 reference
+            m = s > m ? s : m;
+            nan |= s != s;
         }
+        m = nan != 0 ? V{} + std::numeric_limits<float>::quiet_NaN() : m;
         // An all -inf row (only with absurd scales) must not turn exp(-inf - -inf) into NaN.
         const V shift = m == -kInf ? V{} : m;
         const V alpha = exp_nonpositive(m_old - shift);
