@@ -62,6 +62,7 @@ def info(args):
     print("JAX primitive (XLA FFI): " + ("built" if hasattr(_C, "xla_ffi_targets") else
                                          "not built (no jaxlib at build time): JAX arrays need output buffers "
                                          "from another framework"))
+    print(f"CPU path: {_cpu_entry()}")
     print("capability table:")
     print(f"  {'arch':<8} {'d_qk':>5} {'d_v':>5}  fatbin")
     for c in capabilities():
@@ -89,6 +90,19 @@ def info(args):
         except ValueError as e:
             print(head + f"cannot run it: {e}")
     return 0
+
+
+def _cpu_entry():
+    """The CPU path's instruction set and the threads a NumPy call would get."""
+    from ._frameworks import default_cpu_threads
+
+    try:
+        entry = _C.cpu_isa()
+    except ValueError as e:  # SPARSE_MLA_FP8_CPU_ISA names no entry: every CPU call says so too
+        return str(e)
+    threads = default_cpu_threads()
+    return (f"{entry} entry, {threads} thread{'s' * (threads != 1)} for NumPy arrays "
+            "(torch tensors: torch.get_num_threads())")
 
 
 # ---------------------------------------------------------------------------------------- torch side
