@@ -13,9 +13,12 @@ endif()
 find_path(CUTLASS_INCLUDE_DIR cute/tensor.hpp
   HINTS "${cutlass_root}/include" "${cutlass_root}" NO_DEFAULT_PATH NO_CACHE)
 if(NOT CUTLASS_INCLUDE_DIR)
-  message(FATAL_ERROR
-    "CuTe/CUTLASS headers not found (looked in '${cutlass_root}'). Either\n"
-    "  pip install --no-deps nvidia-cutlass==4.2.0.0   (the headers ship in the wheel), or\n"
-    "  cmake -DCUTLASS_DIR=/path/to/cutlass ...        (a CUTLASS checkout or its include folder).")
+  if(CUTLASS_DIR)
+    message(FATAL_ERROR "sparse-mla-fp8: CUTLASS_DIR=${CUTLASS_DIR} holds no cute/tensor.hpp "
+                        "(give a CUTLASS checkout or its include folder)")
+  endif()
+  # (the headers ship in the wheel; --no-deps skips its Python dependencies, which header use needs none of)
+  sparse_mla_python_package_missing("the CuTe/CUTLASS headers (the nvidia-cutlass package)"
+                                    "--no-deps nvidia-cutlass==4.2.0.0")
 endif()
 message(STATUS "sparse-mla-fp8: CuTe/CUTLASS headers in ${CUTLASS_INCLUDE_DIR}")
