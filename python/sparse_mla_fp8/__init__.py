@@ -5,7 +5,6 @@ JAX; they are used only when the caller's arrays belong to them.
 """
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 
 try:
     # import_module, not "from . import _C": its error names the missing module plainly
@@ -16,13 +15,11 @@ except ImportError as e:
         "build and install the package (pip install .)") from e
 
 from ._api import prefill, sparse_mla_q8kv8_prefill_fwd
-from ._capabilities import capabilities, check_config, supports
+from ._capabilities import capabilities, check_config, manifest, supports
 from ._frameworks import bf16_to_float32
 
-try:
-    __version__ = version("sparse-mla-fp8")
-except PackageNotFoundError:  # imported from a source tree that was built in place, not installed
-    __version__ = "0+unknown"
+# The build's own record, right for a plain `cmake --install` too (which leaves no pip metadata).
+__version__ = manifest()["version"]
 
 __all__ = ["prefill", "sparse_mla_q8kv8_prefill_fwd", "check_config", "supports", "capabilities",
            "bf16_to_float32", "__version__"]

@@ -1,7 +1,7 @@
 """The capability table: which (arch, d_qk, d_v) this build compiled, where its fatbins are, and
 whether a device can run them (which kernel of a fatbin runs a call, the native module chooses). The
-table is `_manifest.json`, written by CMake next to this file; the CPU path serves the same (d_qk, d_v)
-pairs as the GPU kernels.
+table is `_manifest.json`, which CMake installs beside the native module; the CPU path serves the same
+(d_qk, d_v) pairs as the GPU kernels.
 
 Everything here is looked up once per process and cached, since prefill() asks on every call.
 """
@@ -12,7 +12,9 @@ import os
 
 from . import _C
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Where CMake installed _C, the manifest and the fatbins. Not this file's folder: an editable install
+# imports the Python files from the source tree and the built ones from site-packages.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(_C.__file__))
 _OP = "sparse_mla_q8kv8_prefill_fwd"  # the engines match on errors that start with this name
 
 
