@@ -1,6 +1,7 @@
 #include "gpu_launch.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
@@ -75,11 +76,22 @@ private:
     bool switched_ = false;
 };
 
+// The runtime reports a missing libcuda as cudaErrorInsufficientDriver ("CUDA driver version is
+// insufficient"), which sends the user to upgrade a driver that is not there.
+bool driver_loads() {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver != nullptr) dlclose(driver);
+    return driver != nullptr;
+}
+
 }  // namespace
 
 std::vector<CudaDeviceInfo> cuda_devices() {
     int count = 0;
-    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorInsufficientDriver && !driver_loads())
+        throw std::runtime_error("sparse_mla_fp8: no CUDA driver found (libcuda.so.1 cannot be loaded)");
+    check(err, "cudaGetDeviceCount");
     std::vector<CudaDeviceInfo> out;
     for (int i = 0; i < count; ++i) {
         cudaDeviceProp prop;

@@ -1,9 +1,12 @@
 """The capability table and the init-time gate of serving engines: capabilities(), supports(),
 check_config(). Dims are read from the table, as a build with other dims must still pass."""
 
+import ctypes
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -37,6 +40,28 @@ def test_table_matches_the_native_module():
     """The table (CMake's manifest) and the native module's checks (compiled in) name the same dims: a
     stale manifest or module beside the other would refuse what the table offers, or the reverse."""
     assert table_dims() == sorted(_C.head_dims())
+
+
+def _driver_loads():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not sparse_mla_fp8._C.HAS_CUDA, reason="a CPU-only build does not ask CUDA")
+def test_no_driver_is_named(tmp_path):
+    if _driver_loads():
+        pytest.skip("a CUDA driver is installed")
+    with pytest.raises(RuntimeError, match=re.escape("no CUDA driver found (libcuda.so.1 cannot be loaded)")):
+        sparse_mla_fp8._C.cuda_devices()
+    with pytest.raises(ValueError, match="no CUDA driver found"):
+        sparse_mla_fp8.check_config(576, device="cuda")
+    run = subprocess.run([sys.executable, "-m", "sparse_mla_fp8", "info"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and "no CUDA driver found" in run.stdout, run.stdout + run.stderr
+    assert "insufficient" not in run.stdout
 
 
 def test_default_dims():
