@@ -1,5 +1,7 @@
 """The package as a whole: what importing it loads, its CLI, its exports."""
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -47,14 +49,39 @@ def test_cli_info(tmp_path):
 
 def test_cli_info_kernels(tmp_path):
     """info lists the registry in order and the kernel of each benchmark shape, as kernel_for answers."""
-    from sparse_mla_fp8._cli import CONTRACT_SHAPES
+    from sparse_mla_fp8._cli import BENCH_SHAPES
 
     run = _python(["-m", "sparse_mla_fp8", "info"], tmp_path)
     assert run.returncode == 0, run.stderr
     assert f"in the order the launch tries them: {', '.join(sparse_mla_fp8._C.kernel_names())}\n" in run.stdout
-    for s_q, s_kv, h_q, d_qk, topk in CONTRACT_SHAPES:
+    for s_q, s_kv, h_q, d_qk, topk in BENCH_SHAPES:
         line = f"{s_q}, {s_kv}, {h_q}, {d_qk}, {topk}"
         assert f"{line:<30} runs {sparse_mla_fp8._C.kernel_for(h_q, topk, 'exact')}\n" in run.stdout, run.stdout
+
+
+def test_cli_version(tmp_path):
+    run = _python(["-m", "sparse_mla_fp8", "--version"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    dims = "/".join(map(str, table_dims()))
+    assert run.stdout.startswith(f"sparse-mla-fp8 {sparse_mla_fp8.__version__} ("), run.stdout
+    assert run.stdout.rstrip().endswith(f"; d_qk {dims})"), run.stdout
+
+
+def test_cli_names_its_program(tmp_path):
+    run = _python(["-m", "sparse_mla_fp8", "--help"], tmp_path)
+    assert run.returncode == 0 and run.stdout.startswith("usage: python -m sparse_mla_fp8 "), run.stdout
+    script = shutil.which("sparse-mla-fp8", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no sparse-mla-fp8 script beside this Python (not installed by pip)")
+    run = subprocess.run([script, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("usage: sparse-mla-fp8 "), run.stdout
+
+
+def test_cli_demo_help_describes_it(tmp_path):
+    run = _python(["-m", "sparse_mla_fp8", "demo", "--help"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    text = " ".join(run.stdout.split())
+    assert "checks it against the float64 reference" in text and "Exits 1 if" in text, text
 
 
 def test_exports():

@@ -2,4 +2,4 @@ import sys
 
 from ._cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m sparse_mla_fp8"))
