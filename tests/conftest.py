@@ -1,5 +1,8 @@
+import os
+
 import pytest
 
+import sparse_mla_fp8
 from harness import Backend
 
 # Every case of the shared suite runs on each framework and device; CUDA ones skip without a GPU that
@@ -16,6 +19,13 @@ BACKENDS = [
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU with a compiled specialization")
+    config.addinivalue_line("markers", "source_build: runs CMake on the source tree (ci/release.sh, which "
+                                       "tests installed wheels, leaves these out)")
+
+
+def pytest_report_header(config):
+    # which copy is under test: an installed wheel, an editable install or a plain cmake install
+    return f"sparse_mla_fp8 from {os.path.dirname(sparse_mla_fp8.__file__)}, native part {sparse_mla_fp8._C.__file__}"
 
 
 @pytest.fixture(params=BACKENDS)
