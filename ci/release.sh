@@ -95,7 +95,7 @@ for v in $build_pythons; do
   nice "$venv/bin/pip" wheel -v --no-build-isolation --no-deps -w "$raw" -Cbuild-dir="$build_dir" \
     -Ccmake.define.SPARSE_MLA_HEAD_DIMS="$dims" -Ccmake.define.CUTLASS_DIR="$cutlass" "$root" > "$log" 2>&1 || { tail -40 "$log"; exit 1; }
   # ptxas serializes a kernel's wgmmas when it runs short of registers for them (its C7512 info): 30%
-  # slower in one trial (kernels/sm90/PERF.md, v22), and silent otherwise
+  # slower in one trial (kernels/sm90/PERF-HISTORY.md, v22), and silent otherwise
   if grep "wgmma.mma_async instructions are serialized" "$log"; then echo "ptxas serialized wgmmas"; exit 1; fi
   wheel=$(ls "$raw"/sparse_mla_fp8-*.whl)
   listing=$("$tools/bin/python" -m zipfile -l "$wheel")
