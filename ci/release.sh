@@ -3,10 +3,11 @@
 # stable ABI) for 3.12 and later, each checked by auditwheel (the module may link only the C and C++
 # runtimes: libcuda is the user's driver and is never bundled), then installed into a fresh venv of
 # its own Python and tested there: the suite runs against the installed wheel, the abi3 one on 3.12
-# and on 3.13, with jax (CPU) on each. torch 2.13's CPU build is on local disk for 3.11 only: the
-# other Pythons run the suite without torch (its torch cases skip).
+# and on 3.13. torch 2.13's CPU build is on local disk for 3.11 only: the other Pythons run the
+# suite without torch and jax (their cases skip).
 #
 # Usage: ci/release.sh [--no-test] [--pythons "3.10 3.11 3.12"] [--test-pythons "..."] [--dist DIR]
+# (--pythons "" tests the wheels already in DIR)
 # SPARSE_MLA_HEAD_DIMS (default "512;576") picks the fatbins. The fatbins do not depend on Python:
 # every build shares one CMake build folder, so they are compiled once.
 set -euo pipefail
@@ -82,12 +83,15 @@ EOF
 }
 
 build_dir=$work/cmake-build
-rm -f "$dist"/sparse_mla_fp8-*.whl
+# The JAX primitive's handlers carry the XLA FFI API version of the headers they were built with, and
+# a jax older than those headers refuses them (jax 0.11.2 refused a build on jaxlib 0.12's: API 0.5
+# against its 0.4), while newer ones take older handlers. So the wheels build on the oldest jaxlib
+# whose headers have what bindings/xla_ffi.cpp uses and that has wheels for 3.10 to 3.13.
+xla_ffi_headers=jaxlib==0.6.2
 for v in $build_pythons; do
   venv=$work/build-$v
   fresh_venv "$venv" "$(python_for "$v")"
-  # jaxlib for its XLA FFI headers: the module's JAX primitive
-  pip_in "$venv" install -q scikit-build-core nanobind jaxlib
+  pip_in "$venv" install -q scikit-build-core nanobind "$xla_ffi_headers"
   raw=$work/raw-$v
   rm -rf "$raw"
   log=$work/build-$v.log
@@ -109,6 +113,9 @@ for v in $build_pythons; do
     done
   fi
   check_needed "$wheel"
+  # this Python's earlier wheel goes (its name may carry another manylinux tag); the others stay
+  tags=$(basename "$wheel" | cut -d- -f3-4)
+  rm -f "$dist"/sparse_mla_fp8-*-"$tags"-*.whl
   # repair finds the oldest manylinux policy the module's symbols allow and grafts nothing here
   PATH=$tools/bin:$PATH auditwheel repair -w "$dist" "$wheel" > "$work/repair-$v.log" 2>&1 || { cat "$work/repair-$v.log"; exit 1; }
   fixed=$(sed -n 's/.*Fixed-up wheel written to \(.*\.whl\).*/\1/p' "$work/repair-$v.log")
@@ -132,8 +139,9 @@ for v in $test_pythons; do
   wheel=$(wheel_for "$v")
   echo "== testing $(basename "$wheel") on Python $v"
   fresh_venv "$venv" "$(python_for "$v")"
-  pip_in "$venv" install -q "$wheel" pytest jax
-  if [ "$v" = 3.11 ]; then pip_in "$venv" install -q torch==2.13.0; fi
+  pip_in "$venv" install -q "$wheel" pytest
+  # torch and jax where torch's CPU build is on disk: the framework tests need both
+  if [ "$v" = 3.11 ]; then pip_in "$venv" install -q torch==2.13.0 jax; fi
   (cd "$work" && "$venv/bin/sparse-mla-fp8" --version)
   info=$(cd "$work" && "$venv/bin/sparse-mla-fp8" info)
   # the d_qk column of the table's rows (every row also prints d_v 512, so a bare grep proves nothing)
