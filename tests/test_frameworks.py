@@ -244,6 +244,11 @@ def test_jax_refusals():
         jax.jit(lambda q, kv, i, s: sparse_mla_fp8.prefill(q, kv, i, s))(*args[:3], 0.1)
     with pytest.raises(ValueError, match=re.escape('precision must be "exact" or "fast", got \'bogus\'')):
         jax.jit(lambda q, kv, i: sparse_mla_fp8.prefill(q, kv, i, 0.1, precision="bogus"))(*args[:3])
+    # another framework's array beside a JAX q is refused, not left out of the custom call
+    for name, value in (("attn_sink", torch.from_numpy(case.attn_sink)), ("q_scale", torch.ones(1)),
+                        ("topk_length", torch.from_numpy(case.topk_length))):
+        with pytest.raises(TypeError, match=f"{name} must be a JAX or NumPy array when q is a JAX array, got Tensor"):
+            sparse_mla_fp8.prefill(*args, **{**kwargs, name: value})
     with pytest.raises(TypeError, match="JAX arrays cannot be written in place"):
         sparse_mla_fp8.prefill(*args, out=np.zeros((case.s_q, case.h_q, D_V), np.uint16))
     unknown = next(d for d in (128, 256, 1024) if d not in table_dims())

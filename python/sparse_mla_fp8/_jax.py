@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._capabilities import _set_kernel_dir, require_kernel
-from ._frameworks import default_cpu_threads
+from ._frameworks import default_cpu_threads, framework_of
 from ._validate import number, scale
 
 _TARGET = "sparse_mla_fp8_prefill"
@@ -31,6 +31,14 @@ if _C.HAS_CUDA:
 
 def _is_array(x):
     return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _require_jax_arrays(named):
+    """TypeError for an array of another framework beside a JAX q: the custom call's operands are JAX (or
+    NumPy) arrays, and one it cannot take would otherwise be left out of the call, or read on the host."""
+    for name, x in named:
+        if not _is_array(x) and framework_of(x) is not None:
+            raise TypeError(f"{name} must be a JAX or NumPy array when q is a JAX array, got {type(x).__name__}")
 
 
 def _require_gpu_kernel(q):
@@ -53,6 +61,8 @@ def prefill(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_le
                         "and lse; leave them unset")
     if stream is not None:
         raise ValueError("stream cannot be given with JAX arrays: XLA runs the call on its own stream")
+    _require_jax_arrays((("kv", kv), ("indices", indices), ("q_scale", q_scale), ("kv_scale", kv_scale),
+                        ("attn_sink", attn_sink), ("topk_length", topk_length)))
     sm_scale = number("sm_scale", sm_scale)  # (a traced sm_scale is refused: it is an attribute)
     q_scale, kv_scale = (x if _is_array(x) else scale(name, x) for name, x in (("q_scale", q_scale),
                                                                                 ("kv_scale", kv_scale)))
