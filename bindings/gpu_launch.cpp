@@ -11,8 +11,11 @@
 namespace {
 
 void check(cudaError_t err, const char* what) {
-    if (err != cudaSuccess)
-        throw std::runtime_error(std::string("sparse_mla_fp8: ") + what + ": " + cudaGetErrorString(err));
+    if (err == cudaSuccess) return;
+    // The runtime also keeps a failed call's error as the thread's last error, which the caller's next
+    // launch check (torch's cudaGetLastError after each of its kernels) would report as its own.
+    cudaGetLastError();
+    throw std::runtime_error(std::string("sparse_mla_fp8: ") + what + ": " + cudaGetErrorString(err));
 }
 
 // Guards kernel_dir and the caches: Python's threads and XLA's (the JAX primitive launches without the
