@@ -23,32 +23,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// XLA's local device ordinal of the call (the CUDA device number), from the execution context.
-struct DeviceOrdinal {};
-
-}  // namespace
-
-template <>
-struct xla::ffi::CtxDecoding<DeviceOrdinal> {
-    using Type = int32_t;
-    static std::optional<Type> Decode(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx,
-                                      DiagnosticEngine& diagnostic) {
-        XLA_FFI_DeviceOrdinal_Get_Args args;
-        args.struct_size = XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE;
-        args.extension_start = nullptr;
-        args.ctx = ctx;
-        args.device_ordinal = 0;
-        if (XLA_FFI_Error* error = api->XLA_FFI_DeviceOrdinal_Get(&args)) {
-            diagnostic.Emit("Failed to get the device ordinal: ") << internal::GetErrorMessage(api, error);
-            internal::DestroyError(api, error);
-            return std::nullopt;
-        }
-        return args.device_ordinal;
-    }
-};
-
-namespace {
-
 using sparse_mla::ArrayView;
 using sparse_mla::DType;
 
@@ -188,7 +162,7 @@ ffi::Error prefill_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, f
 }
 
 XLA_FFI_DEFINE_HANDLER(prefill_cuda_handler, prefill_cuda,
-                       bind_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<DeviceOrdinal>()));
+                       bind_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()));
 #endif
 
 }  // namespace
