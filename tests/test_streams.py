@@ -45,6 +45,18 @@ def test_named_stream_wins(fake_cupy):
         stream_handle("0x4000", cupy, None, ("cuda", 1))
 
 
+def test_cupy_arrays_exported_without_stream_ordering(fake_cupy):
+    """CuPy's __dlpack__ is asked for no ordering (stream -1): the launch is on CuPy's current stream
+    already, or on the caller's."""
+    cupy = _frameworks._ADAPTER_CLASSES["cupy"]("cupy")
+
+    class Array:
+        def __dlpack__(self, *, stream=None):
+            return ("capsule", stream)
+
+    assert cupy.export(Array()) == ("capsule", -1)
+
+
 def test_numpy_and_cpu_tensors_get_the_legacy_stream():
     a = np.zeros(1)
     assert stream_handle(None, framework_of(a), a, ("cpu", 0)) == 0

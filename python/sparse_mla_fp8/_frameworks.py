@@ -101,6 +101,13 @@ class _CuPy(_Bf16Bits):
         # CuPy's convention, as torch's for torch: the stream the caller made current on that device
         return self._xp.cuda.get_current_stream(device[1]).ptr
 
+    def export(self, a):
+        # stream=-1: no ordering for CuPy to add, as torch's to_dlpack adds none. The launch goes to CuPy's
+        # current stream, or to the caller's stream=, whose ordering is the caller's. (No stream would
+        # make the legacy default stream wait on the current one: an event per array, and an error
+        # under a graph capture.)
+        return a.__dlpack__(stream=-1)
+
 
 class _Torch:
     def __init__(self, module):
