@@ -4,7 +4,8 @@
 # Usage: ci/gpu.sh [--wheel WHEEL] [build] [test] [frameworks] [demo] [bench] [sanitize] [floor]
 # (default: all but frameworks and floor; floor: the narrow kernels' gather floor on the serving shapes,
 # which needs the peers' compare.py in $PEERS, default .peers).
-# --wheel installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) in place of the build step.
+# --wheel WHEEL: the build step installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) instead
+# of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it).
 # A GPU machine without a package registry gets the CuTe/CUTLASS headers from a wheel carried in .whl/
 # (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
 set -uo pipefail
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparse-mla-gpu}
 mkdir -p "$OUT"
 steps=${*:-build test demo bench sanitize}
+[ -z "$wheel" ] || steps="build $steps"
 export PYTHONUNBUFFERED=1
 status=0
 step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
