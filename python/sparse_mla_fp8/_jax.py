@@ -43,12 +43,11 @@ def _require_jax_arrays(named):
 
 def _require_gpu_kernel(q):
     """The clear refusal for a GPU without a kernel for q's d_qk, before XLA runs the call. Under jit the
-    placement is not known yet: the default device is the one checked."""
+    placement is not known yet (inputs committed to the CPU run there whatever the default device), so
+    a traced q is checked by the handler only, whose launch then names the CUDA error."""
     if isinstance(q, jax.core.Tracer):
-        devices = [jax.devices()[0]]
-    else:
-        devices = list(q.devices())
-    for d in devices:
+        return
+    for d in q.devices():
         if d.platform == "gpu":
             require_kernel(d.local_hardware_id, q.shape[2])
 
