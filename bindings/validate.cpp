@@ -1,7 +1,9 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 namespace sparse_mla {
@@ -140,6 +142,22 @@ Span span_of(const ArrayView& a, const char* name) {
 
 bool overlap(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; }
 
+// Whether two elements of `a` may share memory (a broadcast view's stride 0, or strides that interleave):
+// its dims of extent > 1, by stride, must each step past all that the smaller ones reach.
+bool self_overlapping(const ArrayView& a) {
+    if (elements(a) == 0) return false;
+    std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, extent)
+    for (int32_t i = 0; i < a.ndim; ++i)
+        if (a.shape[i] > 1) dims.emplace_back(std::abs(stride(a, i)), a.shape[i]);
+    std::sort(dims.begin(), dims.end());
+    int64_t reach = 1;  // elements, from the first, that the dims so far span
+    for (auto [step, extent] : dims) {
+        if (step < reach) return true;
+        reach += step * (extent - 1);
+    }
+    return false;
+}
+
 const float* scale_of(const ScaleArg& s, const char* name, float* value, DeviceCheck& devices) {
     if (!s.array) {
         *value = s.value;
@@ -228,7 +246,12 @@ CheckedCall check_call(const PrefillCall& c) {
     if (c.kv_scale.array) inputs.push_back(span_of(*c.kv_scale.array, "kv_scale"));
     std::vector<Span> outputs;
     for (auto [a, name] : {std::pair{&c.out, "out"}, {&c.max_logits, "max_logits"}, {&c.lse, "lse"}})
-        if (*a && (*a)->data) outputs.push_back(span_of(**a, name));
+        if (*a && (*a)->data) {
+            // every element is written by one CTA: two that share memory would be written by two
+            if (self_overlapping(**a)) refuse(std::string(name) + " must not have elements that overlap, got strides " +
+                                              shape_text((*a)->strides, (*a)->ndim));
+            outputs.push_back(span_of(**a, name));
+        }
     for (size_t i = 0; i < outputs.size(); ++i) {
         for (size_t j = i + 1; j < outputs.size(); ++j)
             if (overlap(outputs[i], outputs[j]))

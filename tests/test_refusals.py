@@ -198,3 +198,18 @@ def test_out_overlapping_q():
     numpy = Backend("numpy", "cpu")
     kw = {**call_args(numpy, case), "q": q, "out": out}
     assert_refused(lambda: invoke(kw), ValueError, numpy, _buffers(kw), names=["out", "q"])
+
+
+def test_outputs_with_overlapping_elements():
+    """An output two of whose elements share memory (a broadcast view, stride 0) is refused: two CTAs
+    would write one place. NumPy's writable strided view and torch's expand both reach the check."""
+    case = _good_case()
+    numpy = Backend("numpy", "cpu")
+    kw = {**call_args(numpy, case),
+          "lse": np.lib.stride_tricks.as_strided(np.zeros(H_Q, np.float32), (S_Q, H_Q), (0, 4), writeable=True)}
+    assert_refused(lambda: invoke(kw), ValueError, numpy, _buffers(kw), names=["lse", "overlap"])
+    torch = pytest.importorskip("torch")
+    cpu = Backend("torch-fp8", "cpu")
+    kw = call_args(cpu, case)
+    kw["out"] = kw["out"][:, :1].expand(S_Q, H_Q, D_V)
+    assert_refused(lambda: invoke(kw), ValueError, cpu, _buffers(kw), names=["out", "overlap"])
