@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _api
+from ._frameworks import framework_of
 from ._validate import number
 
 
@@ -102,12 +103,12 @@ def _(q, kv, indices, sm_scale, q_scale, q_scale_value, kv_scale, kv_scale_value
            precision, out, max_logits, lse)
 
 
+_TORCH = framework_of(torch.empty(0))  # (dynamo traces the adapter's methods, not its lookup by type)
+
+
 def _outputs(q, d_v, out, max_logits, lse):
     """The given buffers, those not given allocated like q."""
-    s_q, h_q = q.shape[0], q.shape[1]
-    return (q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16) if out is None else out,
-            q.new_empty((s_q, h_q), dtype=torch.float32) if max_logits is None else max_logits,
-            q.new_empty((s_q, h_q), dtype=torch.float32) if lse is None else lse)
+    return _api._outputs(_TORCH, q, d_v, out, max_logits, lse)
 
 
 _CAPTURE_HINT = ("; the first call on a device loads its kernels, which a CUDA graph capture may not allow: "
