@@ -43,7 +43,7 @@ if step test; then
   record "${PIPESTATUS[0]}" tests
 fi
 if step frameworks; then  # (also in `test`) the framework operators alone, with their skip reasons
-  python3 -m pytest -q -rs tests/test_frameworks.py 2>&1 | tee "$OUT/frameworks.log" | tail -15
+  python3 -m pytest -q -rs tests/test_frameworks.py tests/test_jax.py 2>&1 | tee "$OUT/frameworks.log" | tail -15
   record "${PIPESTATUS[0]}" frameworks
 fi
 if step demo; then

@@ -86,8 +86,10 @@ build_dir=$work/cmake-build
 # The JAX primitive's handlers carry the XLA FFI API version of the headers they were built with, and
 # a jax older than those headers refuses them (jax 0.11.2 refused a build on jaxlib 0.12's: API 0.5
 # against its 0.4), while newer ones take older handlers. So the wheels build on the oldest jaxlib
-# whose headers have what bindings/xla_ffi.cpp uses and that has wheels for 3.10 to 3.13.
-xla_ffi_headers=jaxlib==0.6.2
+# whose headers have what bindings/xla_ffi.cpp uses: pyproject.toml's build requirement, read there.
+xla_ffi_headers=$(python3 -c 'import tomllib
+r = tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]
+print(next(x.split(";")[0].strip() for x in r if x.startswith("jaxlib")))')
 for v in $build_pythons; do
   venv=$work/build-$v
   fresh_venv "$venv" "$(python_for "$v")"

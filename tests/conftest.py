@@ -2,6 +2,9 @@ import os
 
 import pytest
 
+# JAX takes most of a GPU's memory at its first use unless told not to; the torch tests need it too
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import sparse_mla_fp8
 from harness import Backend
 

@@ -96,6 +96,23 @@ def random_case(seed, s_q, s_kv, h_q, d_qk, topk):
                 indices=rng.integers(0, s_kv, (s_q, 1, topk), dtype=np.int32), sm_scale=d_qk ** -0.5)
 
 
+def awkward_case(seed, s_q=6, s_kv=80, h_q=12, topk=40, sink=True, lengths=True, scales_as_arrays=(True, False)):
+    """A random case with the contract's awkward parts: invalid indices (negative and >= s_kv), a row
+    with none valid, topk_length, a sink, scales other than 1; d_qk the table's first."""
+    case = random_case(seed, s_q, s_kv, h_q, table_dims()[0], topk)
+    rng = np.random.default_rng(seed + 1)
+    case.indices[0, 0, ::3] = -1
+    case.indices[1, 0, ::4] = s_kv + 7
+    case.indices[2, 0, :] = -5
+    case.q_scale, case.kv_scale = 0.75, 1.25
+    case.scales_as_arrays = scales_as_arrays
+    if sink:
+        case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    if lengths:
+        case.topk_length = rng.integers(0, topk + 3, s_q).astype(np.int32)
+    return case
+
+
 def embedded(a, root_shape, select, fill):
     """a copied into the view select(root) of a bigger array filled with `fill`: the same values under
     other strides, with poison in the gaps that a wrong stride would read or write."""
