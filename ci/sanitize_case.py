@@ -4,7 +4,7 @@ registry also runs forced on one more. The 300- and 140-token configurations hav
 than SMs (the dual kernel's 300 more than its CTAs), so that CTAs of the persistent grid take
 several, some empty (token 2 has no slots, and CTA 2 takes token 134 after it); a hazard may show
 only in some orders of events, so the wide kernel's runs on several seeds. The narrow kernels run
-h_q 1, 8, 16 (one M tile of 16 heads), 17 and 32 (two), also on 140 and 300 tokens.
+h_q 1, 5, 8 (heads as N), 12, 16 (one M tile of 16 heads), 17 and 32 (two), also on 140 and 300 tokens.
 `python3 ci/sanitize_case.py 32` runs only the configurations with h_q <= 32."""
 import sys
 
@@ -21,7 +21,8 @@ cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", Fa
          (512, 40, 600, 300, 0, "dual", False)]
 cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
 cases += [(576, 70, 300, 140, 1, name, True) for name in _C.kernel_names()]
-cases += [(576, 1, 100, 300, 0, "narrow16", False), (512, 8, 640, 140, 0, "narrow16", False),
+cases += [(576, 1, 100, 300, 0, "narrow8", False), (512, 8, 640, 140, 0, "narrow8", False),
+          (576, 5, 130, 140, 1, "narrow8", False), (512, 12, 640, 140, 0, "narrow16", False),
           (576, 17, 130, 140, 0, "narrow32", False), (512, 32, 64, 300, 1, "narrow32", False)]
 if len(sys.argv) > 1:
     cases = [c for c in cases if c[1] <= int(sys.argv[1])]

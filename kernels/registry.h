@@ -24,6 +24,7 @@
 // X(name) per kernel, in dispatch order. (Until fast kernels exist every kernel is an exact one and
 // takes both precisions.)
 #define SPARSE_MLA_SM90_KERNELS(X) \
+    X(narrow8)                     \
     X(narrow16)                    \
     X(narrow32)                    \
     X(wide)                        \

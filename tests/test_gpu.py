@@ -47,8 +47,9 @@ def _runs(h_q, topk, kernel):
 
 @pytest.mark.parametrize("shape, checked, kernel", [((64, 65536, 128, 576, 2048), 16, "wide"),
                                                     ((70000, 4096, 40, 512, 16), 512, "fallback"),
-                                                    ((70000, 4096, 16, 512, 16), 512, "narrow16")],
-                         ids=["h128_topk2048_skv65536", "sq70000_topk16", "sq70000_h16"])
+                                                    ((70000, 4096, 16, 512, 16), 512, "narrow16"),
+                                                    ((70000, 4096, 8, 576, 40), 512, "narrow8")],
+                         ids=["h128_topk2048_skv65536", "sq70000_topk16", "sq70000_h16", "sq70000_h8"])
 def test_large(cuda, shape, checked, kernel):
     """Every token is checked for NaN (unwritten outputs); `checked` random ones against the reference."""
     _runs(shape[2], shape[4], kernel)

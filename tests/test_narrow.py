@@ -19,7 +19,7 @@ EXACT_OUT_TOL = 1e-2  # CONTRACT.md, "exact": out rel-L2 (the harness allows any
 
 
 def _runs(h_q, topk):
-    kernel = "narrow16" if h_q <= 16 else "narrow32"
+    kernel = "narrow8" if h_q <= 8 else "narrow16" if h_q <= 16 else "narrow32"
     assert _C.kernel_for(h_q, topk, "exact") == kernel == _C.kernel_for(h_q, topk, "fast"), (h_q, topk)
 
 

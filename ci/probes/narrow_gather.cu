@@ -8,14 +8,14 @@ namespace sparse_mla::sm90::narrow {
 template <int D, int kBuffers>
 __device__ void gather_only(const SparseMlaParams& p) {
     extern __shared__ __align__(1024) uint8_t smem[];
-    using L = Layout<D, 1, kBuffers, 1>;
-    constexpr int kConsumerThreads = Shape<1>::kConsumerThreads;
+    using L = Layout<D, kMTileHeads, kBuffers, 1>;
+    constexpr int kConsumerThreads = Shape<kMTileHeads>::kConsumerThreads;
     const WorkItems work(p, kMTileHeads);
     const RingBarriers<kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
     if (threadIdx.x == 0) bars.init(kConsumerThreads);
     __syncthreads();
     if (threadIdx.x >= kConsumerThreads) {
-        produce<D, 1, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
+        produce<D, kMTileHeads, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
         return;
     }
     RingCursor at;
@@ -35,7 +35,7 @@ __device__ void gather_only(const SparseMlaParams& p) {
 }  // namespace sparse_mla::sm90::narrow
 
 #define NARROW_GATHER_ENTRY(D, B, C)                                                                             \
-    extern "C" __global__ void __launch_bounds__(sparse_mla::sm90::narrow::Shape<1>::kThreads, C)                \
+    extern "C" __global__ void __launch_bounds__(sparse_mla::sm90::narrow::Shape<16>::kThreads, C)                \
         narrow_gather_d##D##_b##B##_c##C(const uint8_t* q, const uint8_t* kv, const int32_t* indices,            \
                                          const int32_t* topk_length, int64_t s_q, int64_t s_kv, int64_t h_q,     \
                                          int64_t topk, int64_t q_stride_s, int64_t q_stride_h,                   \

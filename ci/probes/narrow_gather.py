@@ -21,7 +21,7 @@ LANDING, Q8 = 64, 16  # slots per tile, heads of the probe's Q tile
 
 
 def smem(d, buffers):
-    """narrow::Layout<d, 1, buffers, 1>::kGatherBytes"""
+    """narrow::Layout<d, 16, buffers, 1>::kGatherBytes"""
     bars = buffers * LANDING * d + Q8 * d
     return (bars + (2 * buffers + 2) * 8 + 127) // 128 * 128
 

@@ -1,6 +1,6 @@
-// Tile shape of the SM90 narrow-head prefill kernel (h_q <= 32: one CTA per query token and all its
-// heads, whose tensor work follows the heads asked for), shared by the kernel and the host that
-// sizes its launch.
+// Tile shape of the SM90 narrow-head prefill kernels (h_q <= 32: one CTA per query token and all its
+// heads, whose tensor work follows the heads asked for), shared by the kernels and the host that
+// sizes their launch.
 #pragma once
 #include <stdint.h>
 
@@ -9,20 +9,25 @@
 
 namespace sparse_mla::sm90::narrow {
 
-constexpr int kMTileHeads = 16;      // heads of one m16n8k16 MMA tile (rows past h_q are zero)
+constexpr int kMTileHeads = 16;      // heads of one m16n8k16 MMA tile as its M (rows past h_q are zero)
+constexpr int kNTileHeads = 8;       // heads of one m16n8k16 MMA tile as its N (narrow8: columns past h_q are zero)
 constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile, P.V on 128 columns of d_v
 constexpr int kGroupThreads = kWarpsPerMTile * 32;  // the warps of one M tile: a named barrier's threads
 constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (2 is as fast: PERF.md)
 
-// kMTiles M tiles (16 heads each) per CTA: 4 consumer warps per M tile and one producer warp; one M
-// tile runs two CTAs per SM (two producers, and two consumer warps per SMSP to hide the latencies).
-template <int kMTiles>
+// A CTA of kHeads heads: 8 heads as the MMA's N (one group of 4 consumer warps), or kHeads / 16 M
+// tiles of 16 heads, 4 consumer warps each; and one producer warp. One group runs two CTAs per SM (two
+// producers, and two consumer warps per SMSP to hide the latencies).
+template <int kHeads_>
 struct Shape {
-    static constexpr int kHeads = kMTileHeads * kMTiles;
-    static constexpr int kConsumerWarps = kWarpsPerMTile * kMTiles;
+    static constexpr int kHeads = kHeads_;
+    static_assert(kHeads == kNTileHeads || kHeads % kMTileHeads == 0, "8 heads, or whole M tiles");
+    static constexpr bool kHeadsAsN = kHeads == kNTileHeads;
+    static constexpr int kGroups = kHeadsAsN ? 1 : kHeads / kMTileHeads;
+    static constexpr int kConsumerWarps = kWarpsPerMTile * kGroups;
     static constexpr int kConsumerThreads = kConsumerWarps * 32;
     static constexpr int kThreads = kConsumerThreads + 32;
-    static constexpr int kCtasPerSm = kMTiles == 1 ? 2 : 1;
+    static constexpr int kCtasPerSm = kGroups == 1 ? 2 : 1;
 };
 
 // An SM's 228 KB of shared memory less the 1 KB it keeps per CTA, shared by kCtas CTAs.
@@ -33,17 +38,16 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 //     swizzled so that ldmatrix reads 8 rows of one chunk conflict-free;
 //   the Q tile [head][d_qk] e4m3 (the producer loads the next item's once the consumers took this one's);
 //   the mbarriers of the ring and of Q;
-//   Q in fp16, in the order of the MMA's A fragments (per M tile, 16-column chunk and lane, 16 bytes);
-//   S of the tile in flight, double-buffered, per M tile: each warp's 16 slots as A fragments.
+//   Q in fp16, in the order of the MMA's fragments (per 16-column chunk and lane);
+//   S of the tile in flight (fp32, kHeads x 64 slots), double-buffered, in the order its readers take it.
 // The probe of the gather floor (ci/probes) uses only what comes before q16.
-template <int D, int kMTiles, int kBuffersOverride = 0, int kCtas = Shape<kMTiles>::kCtasPerSm>
+template <int D, int kHeads, int kBuffersOverride = 0, int kCtas = Shape<kHeads>::kCtasPerSm>
 struct Layout {
     static_assert(D % 64 == 0 && D >= kDv, "d_qk in whole 64-byte atoms, holding d_v");
     static constexpr int kTileBytes = kSlotsPerTile * D;
-    static constexpr int kQ8Bytes = kMTileHeads * kMTiles * D;
-    static constexpr int kQ16Bytes = kMTiles * D * 32;
-    static constexpr int kSxMTileBytes = kWarpsPerMTile * 2 * 32 * 16;
-    static constexpr int kSxBytes = kMTiles * kSxMTileBytes;
+    static constexpr int kQ8Bytes = kHeads * D;
+    static constexpr int kQ16Bytes = kHeads * D * 2;
+    static constexpr int kSxBytes = kHeads * kSlotsPerTile * 4;
     static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kSxBytes;
     static constexpr int kFit = (smem_limit(kCtas) - kFixed) / kTileBytes;
     static constexpr int kBuffers = kBuffersOverride ? kBuffersOverride : (kFit < kMaxBuffers ? kFit : kMaxBuffers);
@@ -59,23 +63,26 @@ struct Layout {
     static_assert(kBytes <= smem_limit(kCtas), "shared memory");
 };
 
-// The registry's entries (kernels/registry.h), first in its list: one M tile takes h_q <= 16, two
-// take h_q <= 32; O in fp32, so any topk. (An exact kernel: it takes both precisions until fast
-// kernels exist.)
-template <int kMTiles>
+// The registry's entries (kernels/registry.h), first in its list: 8 heads as the MMA's N take
+// h_q <= 8, one M tile h_q <= 16, two h_q <= 32; O in fp32, so any topk. (An exact kernel: it
+// takes both precisions until fast kernels exist.)
+template <int kHeads>
 struct Traits {
-    static constexpr int kThreads = Shape<kMTiles>::kThreads;
-    static constexpr int kCtasPerSm = Shape<kMTiles>::kCtasPerSm;
-    static constexpr int kHeadsPerCta = Shape<kMTiles>::kHeads;
-    static constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kMTiles>::kBytes : Layout<576, kMTiles>::kBytes; }
+    static constexpr int kThreads = Shape<kHeads>::kThreads;
+    static constexpr int kCtasPerSm = Shape<kHeads>::kCtasPerSm;
+    static constexpr int kHeadsPerCta = kHeads;
+    static constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kHeads>::kBytes : Layout<576, kHeads>::kBytes; }
     static constexpr bool takes(int64_t h_q, int64_t, Precision) { return h_q <= kHeadsPerCta; }
 };
 
 }  // namespace sparse_mla::sm90::narrow
 
+namespace sparse_mla::sm90::narrow8 {
+using Traits = narrow::Traits<8>;
+}
 namespace sparse_mla::sm90::narrow16 {
-using Traits = narrow::Traits<1>;
+using Traits = narrow::Traits<16>;
 }
 namespace sparse_mla::sm90::narrow32 {
-using Traits = narrow::Traits<2>;
+using Traits = narrow::Traits<32>;
 }

@@ -55,11 +55,10 @@ struct RingCursor {
 };
 
 // The producer warp. A lane owns rows row0 + 8 k of a tile and in each the chunks part + 4 m.
-template <int D, int kMTiles, int kBuffers>
+template <int D, int kHeads, int kBuffers>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, uint8_t* q8,
                         const RingBarriers<kBuffers>& bars) {
     constexpr int kChunks = D / 16;
-    constexpr int kHeads = kMTileHeads * kMTiles;
     constexpr int kRowsPerLane = kSlotsPerTile / 8;
     const int lane = threadIdx.x % 32, row0 = lane / 4, part = lane % 4;
     const bool aligned = p.rows_16b_aligned;

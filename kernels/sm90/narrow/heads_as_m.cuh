@@ -1,0 +1,218 @@
+// The consumer warps of the narrow kernels with heads as the MMA's M (narrow16, narrow32): per M tile
+// of 16 heads, 4 warps; S = Q K^T with Q as A, P.V with P as A from registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "params.h"
+#include "sm90/device_helpers.cuh"
+#include "sm90/narrow/config.h"
+#include "sm90/narrow/fragments.cuh"
+#include "sm90/narrow/ring.cuh"
+#include "sm90/work.cuh"
+
+namespace sparse_mla::sm90::narrow {
+
+// This thread's part of a row of out (head h of token t): columns 4 tig .. + 3 of each of its 8 chunks
+// (128 q + 16 dl ..), each 4 values v(dl, k), 8 bytes.
+template <class Value>
+__device__ inline void store_out_row(const SparseMlaParams& p, int64_t t, int64_t h, int q, int tig, Value v) {
+    uint16_t* row = p.out + t * p.out_stride_s + h * p.out_stride_h + 128 * q + 4 * tig;
+#pragma unroll
+    for (int dl = 0; dl < 8; ++dl) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v(dl, 0), v(dl, 1)), hi = __floats2bfloat162_rn(v(dl, 2), v(dl, 3));
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(&lo), w1 = *reinterpret_cast<const uint32_t*>(&hi);
+        uint16_t* dst = row + 16 * dl;
+        if (p.out_rows_16b_aligned) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(w0, w1);
+        } else {  // rows of bf16 pairs (the host checks it)
+            reinterpret_cast<uint32_t*>(dst)[0] = w0, reinterpret_cast<uint32_t*>(dst)[1] = w1;
+        }
+    }
+}
+
+// The consumer warps of M tile mt (heads head0 + 16 mt .. of an item): warp q of the tile computes S on slots 16 q ..
+// 16 q + 15 of each tile and owns O's columns 128 q .. 128 q + 127.
+template <int D, int kMTiles, int kBuffers>
+__device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
+                                   uint4* q16, float4* sx, const RingBarriers<kBuffers>& bars) {
+    constexpr int kChunks = D / 16;
+    constexpr float kSlack = 8.f;  // P <= 2^kSlack: O and the sums are rescaled only past it
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int mt = warp / kWarpsPerMTile, q = warp % kWarpsPerMTile;
+    const int group_tid = threadIdx.x % kGroupThreads, group_bar = 1 + mt;
+    const Scales scale(p);
+    const uint32_t lane_offset = ldmatrix_lane_offset(lane);
+    const uint32_t landing0 = smem_u32(landing);
+    uint4* q16_tile = q16 + mt * kChunks * 32;
+    RingCursor at;
+    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
+        const int64_t t = work.at(item).token, head0 = work.at(item).head0;
+        const int64_t n_slots = work.slots_of(t);
+        if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
+                if (h >= p.h_q) continue;
+                store_out_row(p, t, h, q, tig, [](int, int) { return 0.f; });
+                if (q == 0 && tig == 0) {
+                    p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = -CUDART_INF_F;
+                    p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = CUDART_INF_F;
+                }
+            }
+            continue;
+        }
+        const int32_t* idx_row = work.indices_of(t);
+        {  // the M tile's Q into fp16 A fragments: (gid, tig) of chunk c holds heads gid and gid + 8 at
+           // columns 16 c + 4 tig .. + 3, in the k order above
+            mbar_wait(bars.q_full(), at.q & 1);
+            const uint8_t* tile = q8 + kMTileHeads * mt * D;
+            for (int e = group_tid; e < kChunks * 32; e += kGroupThreads) {
+                const int c = e / 32, g = (e % 32) / 4, tg = e % 4;
+                const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + g * D + 16 * c + 4 * tg);
+                const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + (g + 8) * D + 16 * c + 4 * tg);
+                const uint2 h0 = e4m3x4_to_half2x2(w0), h1 = e4m3x4_to_half2x2(w1);
+                q16_tile[e] = make_uint4(h0.x, h1.x, h0.y, h1.y);
+            }
+            mbar_arrive(bars.q_empty());
+            bar_sync(group_bar, kGroupThreads);
+            ++at.q;
+        }
+        // the online softmax of this thread's rows gid, gid + 8 (base-2 logits), the same in every
+        // warp of the M tile; O relative to ref
+        float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, ref[2] = {-CUDART_INF_F, -CUDART_INF_F}, sum[2] = {0.f, 0.f};
+        float o[8][2][4];
+#pragma unroll
+        for (int dl = 0; dl < 8; ++dl)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[dl][n][e] = 0.f;
+        const int n_tiles = WorkItems::tiles_of(n_slots);
+        for (int tile = 0; tile < n_tiles; ++tile, ++at.tile) {
+            const int b = at.tile % kBuffers;
+            // the validity of this thread's S slots 16 q + 8 j + 2 tig + e
+            bool valid[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t slot = int64_t{tile} * kSlotsPerTile + 16 * q + 8 * j + 2 * tig + e;
+                    valid[j][e] = slot < n_slots && work.in_range(__ldg(idx_row + slot));
+                }
+            const uint32_t tile_s = landing0 + b * (kSlotsPerTile * D);
+            mbar_wait(bars.full(b), (at.tile / kBuffers) & 1);
+
+            // 2. S on this warp's 16 slots (n8 tiles j = 0, 1), two partial sums per tile for ILP
+            float acc[2][2][4] = {};
+#pragma unroll
+            for (int c = 0; c < kChunks; c += 2) {
+                uint32_t r[4];
+                ldmatrix_x4(r, ldmatrix_at(tile_s, 16 * q, c, lane_offset));
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const uint4 a = q16_tile[(c + cc) * 32 + lane];
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const uint2 bh = e4m3x4_to_half2x2(r[2 * cc + j]);
+                        mma_f16(acc[cc][j], a, bh.x, bh.y);
+                    }
+                }
+            }
+            float4* sx_tile = sx + ((at.tile % 2) * kMTiles + mt) * (kWarpsPerMTile * 2 * 32);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float s[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
+                sx_tile[(2 * q + j) * 32 + lane] = make_float4(s[0], s[1], s[2], s[3]);
+            }
+            bar_sync(group_bar, kGroupThreads);
+
+            // 3. the tile's 64 slots of rows gid, gid + 8: chunk kc (slots 16 kc ..) as posted by warp kc
+            float4 x[4][2];
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) x[kc][j] = sx_tile[(2 * kc + j) * 32 + lane];
+            float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    tile_max[0] = fmaxf(tile_max[0], fmaxf(x[kc][j].x, x[kc][j].y));
+                    tile_max[1] = fmaxf(tile_max[1], fmaxf(x[kc][j].z, x[kc][j].w));
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) row_max[r] = fmaxf(row_max[r], quad_max(tile_max[r]));
+            // the reference follows the max lazily, for all of the warp's rows at once (every warp
+            // of the M tile holds all 16 rows: the same choice in each)
+            if (__any_sync(0xffffffffu, row_max[0] > ref[0] + kSlack || row_max[1] > ref[1] + kSlack)) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    if (row_max[r] == -CUDART_INF_F) continue;
+                    const float alpha = exp2f(ref[r] - row_max[r]);
+                    ref[r] = row_max[r];
+                    sum[r] *= alpha;
+#pragma unroll
+                    for (int dl = 0; dl < 8; ++dl)
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) o[dl][n][2 * r] *= alpha, o[dl][n][2 * r + 1] *= alpha;
+                }
+            }
+            const float shift[2] = {ref[0] == -CUDART_INF_F ? 0.f : ref[0], ref[1] == -CUDART_INF_F ? 0.f : ref[1]};
+            uint4 pa[4];
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) {
+                float pv[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    pv[j][0] = exp2f(x[kc][j].x - shift[0]), pv[j][1] = exp2f(x[kc][j].y - shift[0]);
+                    pv[j][2] = exp2f(x[kc][j].z - shift[1]), pv[j][3] = exp2f(x[kc][j].w - shift[1]);
+                    sum[0] += pv[j][0] + pv[j][1];
+                    sum[1] += pv[j][2] + pv[j][3];
+                }
+                pa[kc] = make_uint4(pack_half2(pv[0][0], pv[0][1]), pack_half2(pv[0][2], pv[0][3]),
+                                    pack_half2(pv[1][0], pv[1][1]), pack_half2(pv[1][2], pv[1][3]));
+            }
+            // O += P V on chunks 8 q + 2 dp, + 1 of d_v
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+                for (int dp = 0; dp < 4; ++dp) {
+                    uint32_t r[4];
+                    ldmatrix_x4_trans(r, ldmatrix_at(tile_s, 16 * kc, 8 * q + 2 * dp, lane_offset));
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const uint2 lo = e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes));
+                        const uint2 hi = e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes));
+                        mma_f16(o[2 * dp + cc][0], pa[kc], lo.x, hi.x);
+                        mma_f16(o[2 * dp + cc][1], pa[kc], lo.y, hi.y);
+                    }
+                }
+            mbar_arrive(bars.empty(b));
+        }
+
+        // 4. the item's end
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
+            const float total = quad_sum(sum[r]);  // relative to ref
+            if (h >= p.h_q) continue;
+            const bool empty = row_max[r] == -CUDART_INF_F;
+            float denom = total;
+            if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - ref[r]);
+            const float o_scale = empty ? 0.f : scale.kv / denom;
+            store_out_row(p, t, h, q, tig, [&](int dl, int k) { return o[dl][k % 2][2 * r + k / 2] * o_scale; });
+            if (q == 0 && tig == 0) {
+                p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : row_max[r] * kLn2;
+                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref[r] + log2f(total)) * kLn2;
+            }
+        }
+    }
+}
+
+}  // namespace sparse_mla::sm90::narrow
