@@ -28,6 +28,13 @@ struct Shape {
     static constexpr int kConsumerThreads = kConsumerWarps * 32;
     static constexpr int kThreads = kConsumerThreads + 32;
     static constexpr int kCtasPerSm = kGroups == 1 ? 2 : 1;
+    // what the consumer warps exchange per tile, in one of two buffers: heads as N, S^T (fp32, kHeads
+    // x 64 slots); heads as M, per group each warp's P as the A fragments of its 16 slots (fp16, 512
+    // bytes a warp) and each row's maximum over each warp's slots (fp32); and, at an item's end, each
+    // row's sum over each warp's slots (heads as M)
+    static constexpr int kMExchangeBytes = kWarpsPerMTile * 32 * 16 + kMTileHeads * 16;  // one group's
+    static constexpr int kExchangeBytes = kHeadsAsN ? kHeads * kSlotsPerTile * 4 : kGroups * kMExchangeBytes;
+    static constexpr int kSumsBytes = kHeadsAsN ? 0 : kGroups * kMTileHeads * 16;
 };
 
 // An SM's 228 KB of shared memory less the 1 KB it keeps per CTA, shared by kCtas CTAs.
@@ -39,7 +46,7 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 //   the Q tile [head][d_qk] e4m3 (the producer loads the next item's once the consumers took this one's);
 //   the mbarriers of the ring and of Q;
 //   Q in fp16, in the order of the MMA's fragments (per 16-column chunk and lane);
-//   S of the tile in flight (fp32, kHeads x 64 slots), double-buffered, in the order its readers take it.
+//   what the consumers exchange per tile (Shape::kExchangeBytes), double-buffered, and at an item's end.
 // The probe of the gather floor (ci/probes) uses only what comes before q16.
 template <int D, int kHeads, int kBuffersOverride = 0, int kCtas = Shape<kHeads>::kCtasPerSm>
 struct Layout {
@@ -47,8 +54,9 @@ struct Layout {
     static constexpr int kTileBytes = kSlotsPerTile * D;
     static constexpr int kQ8Bytes = kHeads * D;
     static constexpr int kQ16Bytes = kHeads * D * 2;
-    static constexpr int kSxBytes = kHeads * kSlotsPerTile * 4;
-    static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kSxBytes;
+    static constexpr int kXBytes = Shape<kHeads>::kExchangeBytes;
+    static constexpr int kSumsBytes = Shape<kHeads>::kSumsBytes;
+    static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kXBytes + kSumsBytes;
     static constexpr int kFit = (smem_limit(kCtas) - kFixed) / kTileBytes;
     static constexpr int kBuffers = kBuffersOverride ? kBuffersOverride : (kFit < kMaxBuffers ? kFit : kMaxBuffers);
     static_assert(kBuffers >= 2, "a ring of two tiles at least");
@@ -57,8 +65,9 @@ struct Layout {
     static constexpr int kBarriers = kQ8 + kQ8Bytes;  // full[kBuffers], empty[kBuffers], q_full, q_empty
     static constexpr int kBarrierBytes = (2 * kBuffers + 2) * 8;
     static constexpr int kQ16 = (kBarriers + kBarrierBytes + 127) / 128 * 128;
-    static constexpr int kSx = kQ16 + kQ16Bytes;
-    static constexpr int kBytes = kSx + 2 * kSxBytes;
+    static constexpr int kX = kQ16 + kQ16Bytes;
+    static constexpr int kSums = kX + 2 * kXBytes;
+    static constexpr int kBytes = kSums + kSumsBytes;
     static constexpr int kGatherBytes = kQ16;  // what the floor's probe uses
     static_assert(kBytes <= smem_limit(kCtas), "shared memory");
 };

@@ -33,11 +33,19 @@ __device__ inline void store_out_row(const SparseMlaParams& p, int64_t t, int64_
     }
 }
 
+// What the warps of an M tile exchange per tile (Shape::kMExchangeBytes): each warp's P as the A
+// fragments of its k chunk, in lane order, and each row's maxima over each warp's 16 slots (x: warp 0 ..
+// w: warp 3).
+struct Exchange {
+    uint4* p;         // [warp][lane]
+    float4* row_max;  // [row]
+};
+
 // The consumer warps of M tile mt (heads head0 + 16 mt .. of an item): warp q of the tile computes S on slots 16 q ..
 // 16 q + 15 of each tile and owns O's columns 128 q .. 128 q + 127.
 template <int D, int kMTiles, int kBuffers>
 __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
-                                   uint4* q16, float4* sx, const RingBarriers<kBuffers>& bars) {
+                                   uint4* q16, uint8_t* xchg, float4* sums, const RingBarriers<kBuffers>& bars) {
     constexpr int kChunks = D / 16;
     constexpr float kSlack = 8.f;  // P <= 2^kSlack: O and the sums are rescaled only past it
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -47,6 +55,11 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
     const uint32_t lane_offset = ldmatrix_lane_offset(lane);
     const uint32_t landing0 = smem_u32(landing);
     uint4* q16_tile = q16 + mt * kChunks * 32;
+    constexpr int kXBytes = Shape<kMTileHeads>::kMExchangeBytes;
+    auto exchange = [&](int buffer) {
+        uint8_t* x = xchg + (buffer * kMTiles + mt) * kXBytes;
+        return Exchange{reinterpret_cast<uint4*>(x), reinterpret_cast<float4*>(x + kWarpsPerMTile * 32 * 16)};
+    };
     RingCursor at;
     for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
         const int64_t t = work.at(item).token, head0 = work.at(item).head0;
@@ -121,36 +134,49 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
                     }
                 }
             }
-            float4* sx_tile = sx + ((at.tile % 2) * kMTiles + mt) * (kWarpsPerMTile * 2 * 32);
+            // 3. the softmax of the warp's own 16 slots: rows gid (e < 2), gid + 8; the tile's row
+            // maxima come from every warp's through shared memory
+            float sv[2][4], warp_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float s[4];
+            for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
-                sx_tile[(2 * q + j) * 32 + lane] = make_float4(s[0], s[1], s[2], s[3]);
+                for (int e = 0; e < 4; ++e) {
+                    sv[j][e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
+                    warp_max[e / 2] = fmaxf(warp_max[e / 2], sv[j][e]);
+                }
+            const Exchange x = exchange(at.tile % 2);
+            uint4 pa;
+            float tile_sum[2];
+            auto make_p = [&]() {  // P (the A fragment of P.V's k chunk q) and its row sums, relative to ref
+                const float shift[2] = {ref[0] == -CUDART_INF_F ? 0.f : ref[0], ref[1] == -CUDART_INF_F ? 0.f : ref[1]};
+                float pv[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pv[j][e] = exp2f(sv[j][e] - shift[e / 2]);
+                tile_sum[0] = (pv[0][0] + pv[0][1]) + (pv[1][0] + pv[1][1]);
+                tile_sum[1] = (pv[0][2] + pv[0][3]) + (pv[1][2] + pv[1][3]);
+                pa = make_uint4(pack_half2(pv[0][0], pv[0][1]), pack_half2(pv[0][2], pv[0][3]),
+                                pack_half2(pv[1][0], pv[1][1]), pack_half2(pv[1][2], pv[1][3]));
+                x.p[q * 32 + lane] = pa;
+            };
+            // P is made before the maxima are known, against the reference as it is: it stands unless
+            // a row's max passes ref + kSlack (the same finding in every warp: they read the same
+            // maxima), which the first tile always does
+            const bool fresh = __any_sync(0xffffffffu, ref[0] == -CUDART_INF_F || ref[1] == -CUDART_INF_F);
+            if (!fresh) make_p();
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                warp_max[r] = quad_max(warp_max[r]);
+                if (tig == 0) reinterpret_cast<float*>(x.row_max + gid + 8 * r)[q] = warp_max[r];
             }
             bar_sync(group_bar, kGroupThreads);
-
-            // 3. the tile's 64 slots of rows gid, gid + 8: chunk kc (slots 16 kc ..) as posted by warp kc
-            float4 x[4][2];
 #pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) x[kc][j] = sx_tile[(2 * kc + j) * 32 + lane];
-            float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    tile_max[0] = fmaxf(tile_max[0], fmaxf(x[kc][j].x, x[kc][j].y));
-                    tile_max[1] = fmaxf(tile_max[1], fmaxf(x[kc][j].z, x[kc][j].w));
-                }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) row_max[r] = fmaxf(row_max[r], quad_max(tile_max[r]));
-            // the reference follows the max lazily, for all of the warp's rows at once (every warp
-            // of the M tile holds all 16 rows: the same choice in each)
-            if (__any_sync(0xffffffffu, row_max[0] > ref[0] + kSlack || row_max[1] > ref[1] + kSlack)) {
+            for (int r = 0; r < 2; ++r) {
+                const float4 m = x.row_max[gid + 8 * r];
+                row_max[r] = fmaxf(row_max[r], fmaxf(fmaxf(m.x, m.y), fmaxf(m.z, m.w)));
+            }
+            if (fresh || __any_sync(0xffffffffu, row_max[0] > ref[0] + kSlack || row_max[1] > ref[1] + kSlack)) {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     if (row_max[r] == -CUDART_INF_F) continue;
@@ -162,22 +188,13 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
 #pragma unroll
                         for (int n = 0; n < 2; ++n) o[dl][n][2 * r] *= alpha, o[dl][n][2 * r + 1] *= alpha;
                 }
+                make_p();
+                bar_sync(group_bar, kGroupThreads);
             }
-            const float shift[2] = {ref[0] == -CUDART_INF_F ? 0.f : ref[0], ref[1] == -CUDART_INF_F ? 0.f : ref[1]};
-            uint4 pa[4];
+            sum[0] += tile_sum[0], sum[1] += tile_sum[1];
+            uint4 pk[4];
 #pragma unroll
-            for (int kc = 0; kc < 4; ++kc) {
-                float pv[2][4];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    pv[j][0] = exp2f(x[kc][j].x - shift[0]), pv[j][1] = exp2f(x[kc][j].y - shift[0]);
-                    pv[j][2] = exp2f(x[kc][j].z - shift[1]), pv[j][3] = exp2f(x[kc][j].w - shift[1]);
-                    sum[0] += pv[j][0] + pv[j][1];
-                    sum[1] += pv[j][2] + pv[j][3];
-                }
-                pa[kc] = make_uint4(pack_half2(pv[0][0], pv[0][1]), pack_half2(pv[0][2], pv[0][3]),
-                                    pack_half2(pv[1][0], pv[1][1]), pack_half2(pv[1][2], pv[1][3]));
-            }
+            for (int kc = 0; kc < 4; ++kc) pk[kc] = kc == q ? pa : x.p[kc * 32 + lane];
             // O += P V on chunks 8 q + 2 dp, + 1 of d_v
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc)
@@ -189,27 +206,38 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
                     for (int cc = 0; cc < 2; ++cc) {
                         const uint2 lo = e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes));
                         const uint2 hi = e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes));
-                        mma_f16(o[2 * dp + cc][0], pa[kc], lo.x, hi.x);
-                        mma_f16(o[2 * dp + cc][1], pa[kc], lo.y, hi.y);
+                        mma_f16(o[2 * dp + cc][0], pk[kc], lo.x, hi.x);
+                        mma_f16(o[2 * dp + cc][1], pk[kc], lo.y, hi.y);
                     }
                 }
             mbar_arrive(bars.empty(b));
         }
 
-        // 4. the item's end
+        // 4. the item's end: each row's sum over the warps' slots, in a fixed order
+        float total[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float part = quad_sum(sum[r]);  // relative to ref
+            if (tig == 0) reinterpret_cast<float*>(sums + kMTileHeads * mt + gid + 8 * r)[q] = part;
+        }
+        bar_sync(group_bar, kGroupThreads);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float4 w = sums[kMTileHeads * mt + gid + 8 * r];
+            total[r] = (w.x + w.y) + (w.z + w.w);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
-            const float total = quad_sum(sum[r]);  // relative to ref
             if (h >= p.h_q) continue;
             const bool empty = row_max[r] == -CUDART_INF_F;
-            float denom = total;
+            float denom = total[r];
             if (p.attn_sink) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - ref[r]);
             const float o_scale = empty ? 0.f : scale.kv / denom;
             store_out_row(p, t, h, q, tig, [&](int dl, int k) { return o[dl][k % 2][2 * r + k / 2] * o_scale; });
             if (q == 0 && tig == 0) {
                 p.max_logits[t * p.max_logits_stride_s + h * p.max_logits_stride_h] = empty ? -CUDART_INF_F : row_max[r] * kLn2;
-                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref[r] + log2f(total)) * kLn2;
+                p.lse[t * p.lse_stride_s + h * p.lse_stride_h] = empty ? CUDART_INF_F : (ref[r] + log2f(total[r])) * kLn2;
             }
         }
     }

@@ -42,10 +42,11 @@ __device__ void prefill_heads(const SparseMlaParams& p) {
         produce<D, kHeads, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
     } else if constexpr (S::kHeadsAsN) {
         consume_heads_as_n<D, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
-                                           reinterpret_cast<uint2*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kSx), bars);
+                                           reinterpret_cast<uint2*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kX), bars);
     } else {
         consume_heads_as_m<D, S::kGroups, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
-                                                       reinterpret_cast<uint4*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kSx), bars);
+                                                       reinterpret_cast<uint4*>(smem + L::kQ16), smem + L::kX,
+                                                       reinterpret_cast<float4*>(smem + L::kSums), bars);
     }
 }
 
