@@ -292,18 +292,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
         // The exact logit of the running max's slot, its Q row from global memory (the Q tile may
         // hold the next item's).
-        float exact_max = 0.f;
-        if (work.in_range(j_max)) {
-            const uint8_t* kv = p.kv + j_max * p.kv_stride_s;
-            const uint8_t* q = p.q + t * p.q_stride_s + h_own * p.q_stride_h;
-            constexpr int kChunksPerThread = D / 16 / 4;
-            uint4 k[kChunksPerThread], qc[kChunksPerThread];
-            load_quad_share(k, kv, tig, p.rows_16b_aligned);
-            load_quad_share(qc, q, tig, p.rows_16b_aligned);
-#pragma unroll
-            for (int m = 0; m < kChunksPerThread; ++m) exact_max = dot_e4m3x16(qc[m], k[m], exact_max);
-        }
-        exact_max = quad_sum(exact_max) * p.sm_scale * scale.q * scale.kv;
+        const float exact_max = exact_logit_from_global<D>(p, work, scale, t, h_own, j_max, tig);
         if (h_own < p.h_q && tig == 0) write_max_lse(p, t, h_own, max_own, ref_own, wg ? sum[1] : sum[0], exact_max, own_empty);
     }
 }

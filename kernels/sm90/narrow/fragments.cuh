@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "sm90/config.h"
+#include "sm90/device_helpers.cuh"
 
 namespace sparse_mla::sm90::narrow {
 
@@ -45,5 +46,21 @@ __device__ inline uint32_t ldmatrix_at(uint32_t tile, int row0, int c, uint32_t 
 // n8 tiles, the chunk's even and its odd columns. O's accumulators then hold, per row, the 4
 // consecutive columns 4 tig .. 4 tig + 3 of each chunk.
 constexpr uint32_t kEvenOddBytes = 0x3120;
+
+// V's fragments on the 16 slots 16 kc .. of a landing tile, for the d_v chunks c0 + 2 dp + cc (dp < 4,
+// cc < 2): f(dp, cc, lo, hi) takes each chunk's converted pairs, lo of slots 2 tig, 2 tig + 1 and hi
+// of slots 2 tig + 8, + 9, each .x in the chunk's column 2 gid and .y in column 2 gid + 1.
+template <class F>
+__device__ inline void for_v_fragments(uint32_t tile, int kc, int c0, uint32_t lane_offset, F f) {
+#pragma unroll
+    for (int dp = 0; dp < 4; ++dp) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, ldmatrix_at(tile, 16 * kc, c0 + 2 * dp, lane_offset));
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+            f(dp, cc, e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes)),
+              e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes)));
+    }
+}
 
 }  // namespace sparse_mla::sm90::narrow

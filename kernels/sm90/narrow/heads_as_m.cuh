@@ -195,21 +195,13 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             uint4 pk[4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) pk[kc] = kc == q ? pa : x.p[kc * 32 + lane];
-            // O += P V on chunks 8 q + 2 dp, + 1 of d_v
+            // O += P V on chunks 8 q .. 8 q + 7 of d_v: the chunk's even columns in n8 tile 0, its odd ones in 1
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc)
-#pragma unroll
-                for (int dp = 0; dp < 4; ++dp) {
-                    uint32_t r[4];
-                    ldmatrix_x4_trans(r, ldmatrix_at(tile_s, 16 * kc, 8 * q + 2 * dp, lane_offset));
-#pragma unroll
-                    for (int cc = 0; cc < 2; ++cc) {
-                        const uint2 lo = e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes));
-                        const uint2 hi = e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes));
-                        mma_f16(o[2 * dp + cc][0], pk[kc], lo.x, hi.x);
-                        mma_f16(o[2 * dp + cc][1], pk[kc], lo.y, hi.y);
-                    }
-                }
+                for_v_fragments(tile_s, kc, 8 * q, lane_offset, [&](int dp, int cc, uint2 lo, uint2 hi) {
+                    mma_f16(o[2 * dp + cc][0], pk[kc], lo.x, hi.x);
+                    mma_f16(o[2 * dp + cc][1], pk[kc], lo.y, hi.y);
+                });
             mbar_arrive(bars.empty(b));
         }
 

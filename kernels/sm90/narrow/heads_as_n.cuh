@@ -153,22 +153,13 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
                 sum += (p0 + p1) + (p2 + p3);
                 pb[kc] = make_uint2(pack_half2(p0, p1), pack_half2(p2, p3));
             }
-            // O^T += V^T P^T on this warp's chunks 8 q + 2 dp, + 1 of d_v: a transposed matrix's byte
-            // pairs, split into the chunk's even and odd columns, are the A rows gid (column 2 gid) and
-            // gid + 8 (column 2 gid + 1)
+            // O^T += V^T P^T on this warp's chunks 8 q .. 8 q + 7 of d_v: a chunk's even columns are the A
+            // rows gid (column 2 gid), its odd ones the rows gid + 8 (column 2 gid + 1)
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc)
-#pragma unroll
-                for (int dp = 0; dp < 4; ++dp) {
-                    uint32_t r[4];
-                    ldmatrix_x4_trans(r, ldmatrix_at(tile_s, 16 * kc, 8 * q + 2 * dp, lane_offset));
-#pragma unroll
-                    for (int cc = 0; cc < 2; ++cc) {
-                        const uint2 lo = e4m3x4_to_half2x2(__byte_perm(r[2 * cc], 0, kEvenOddBytes));
-                        const uint2 hi = e4m3x4_to_half2x2(__byte_perm(r[2 * cc + 1], 0, kEvenOddBytes));
-                        mma_f16(o[2 * dp + cc], make_uint4(lo.x, lo.y, hi.x, hi.y), pb[kc].x, pb[kc].y);
-                    }
-                }
+                for_v_fragments(tile_s, kc, 8 * q, lane_offset, [&](int dp, int cc, uint2 lo, uint2 hi) {
+                    mma_f16(o[2 * dp + cc], make_uint4(lo.x, lo.y, hi.x, hi.y), pb[kc].x, pb[kc].y);
+                });
             mbar_arrive(bars.empty(b));
         }
 

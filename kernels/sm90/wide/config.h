@@ -25,7 +25,7 @@ constexpr int landing_smem_offset(int) { return kSlotsPerTile * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + kLandingBuffers * e4m3_tile_bytes(d_qk); }
 constexpr int valid_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
 
-// Its entry in the registry: the fallback kernel's roles and registers.
+// Its entry in the registry: its roles and registers.
 struct Traits : WarpgroupRoles<kConsumerWarpgroups, 1, 48, 224> {
     static constexpr int kHeadsPerCta = wide::kHeadsPerCta;
     static constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
