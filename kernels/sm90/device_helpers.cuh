@@ -2,6 +2,7 @@
 // shuffles, the swizzled offsets of their shared-memory tiles and the layout of a wgmma accumulator.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -273,6 +274,37 @@ __device__ inline void scale_f16_row(uint32_t (&o)[2][64], int r, float alpha) {
             x = __hmul2(x, a2);
             o[n][j] = *reinterpret_cast<uint32_t*>(&x);
         }
+}
+
+// Row r of an output row from a wgmma accumulator (an f16 O's words, an fp32 O's element pairs):
+// columns of halves kFirst .. kLast - 1 (256 each) from a thread's words j = r mod 2 of each half n
+// (columns 256 n + 8 (j / 2) + 2 tig, + 1), bf16_pair(n, j) giving the pair: with
+// 16-byte rows a quad's words of four column groups are transposed so that each thread stores 8
+// columns. Every lane of the warp must call it.
+template <int kFirst, int kLast, class Pair>
+__device__ inline void store_row(uint16_t* out, int r, int tig, bool aligned, bool real, Pair bf16_pair) {
+    if (aligned) {
+        CUTE_UNROLL
+        for (int n = kFirst; n < kLast; ++n)
+            CUTE_UNROLL
+            for (int j0 = 0; j0 < 64; j0 += 8) {
+                uint32_t w[4];
+                CUTE_UNROLL
+                for (int k = 0; k < 4; ++k) w[k] = bf16_pair(n, j0 + 2 * k + r);
+                quad_transpose(w, tig);
+                if (real) *reinterpret_cast<uint4*>(out + 256 * n + 4 * j0 + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+    } else if (real) {
+        CUTE_UNROLL
+        for (int n = kFirst; n < kLast; ++n)
+            CUTE_UNROLL
+            for (int j = r; j < 64; j += 2) *reinterpret_cast<uint32_t*>(out + 256 * n + 8 * (j / 2) + 2 * tig) = bf16_pair(n, j);
+    }
+}
+
+__device__ inline uint32_t bf16x2(float lo, float hi) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 // A wgmma accumulator of a warpgroup: element i of a thread is row 16 warp + gid + 8 ((i / 2) % 2),

@@ -53,13 +53,14 @@ struct Scales {
           logit(p.sm_scale * q * kv * kLog2e) {}
 };
 
-// Q rows head0 .. head0 + n_heads - 1 of token t into a tile in Q's swizzled layout (64-byte atoms,
-// rows of d_qk bytes), copied by threads first, first + step, ...; heads past h_q become zero rows.
-// One cp.async group.
+// Q rows of an item into a tile in Q's swizzled layout (64-byte atoms, rows of d_qk bytes): its token's
+// heads head0 + head_offset .. + n_heads - 1, copied by threads first, first + step, ...; heads past
+// h_q become zero rows. One cp.async group.
 template <int D>
-__device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, int64_t head0, int n_heads, int first,
-                            int step) {
+__device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int64_t item, uint8_t* tile, int n_heads,
+                            int first, int step, int head_offset = 0) {
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+    const int64_t t = work.at(item).token, head0 = work.at(item).head0 + head_offset;
     for (int u = first; u < n_heads * kChunks; u += step) {
         const int r = u / kChunks, c = u % kChunks;
         const bool valid = head0 + r < p.h_q;
@@ -67,6 +68,22 @@ __device__ void load_q_rows(const SparseMlaParams& p, uint8_t* tile, int64_t t, 
         copy_chunk(tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
     }
     cute::cp_async_fence();
+}
+
+// A consumer thread of a kernel with traits K (sm90/config.h's WarpgroupRoles) once it has taken the
+// registers the producer warpgroup gave up: its warpgroup (through a shuffle, as in CUTLASS, so that
+// ptxas treats it as warp-uniform), its place in it, its quad coordinates, and the rows of its
+// warpgroup's 64 heads it holds in a wgmma accumulator: row0 and row0 + 8.
+struct ConsumerThread {
+    int wg, wg_tid, lane, gid, tig, row0;
+};
+template <class K>
+__device__ inline ConsumerThread enter_consumer() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(K::kConsumerRegisters));
+    const int tid = threadIdx.x, lane = tid % 32;
+    if constexpr (K::kConsumerWarpgroups == 1) return {0, tid, lane, lane / 4, lane % 4, 16 * (tid / 32) + lane / 4};
+    const int wg_tid = tid % kWarpgroupThreads;
+    return {__shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid, lane, lane / 4, lane % 4, 16 * (wg_tid / 32) + lane / 4};
 }
 
 // V of one row of a landing tile in fp16: its 16-byte e4m3 chunks m (m < kDv / 64: those of one of

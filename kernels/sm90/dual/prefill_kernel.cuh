@@ -164,17 +164,13 @@ __device__ void prefill(const SparseMlaParams& p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
-    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
-    const int row0 = 16 * (tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+    const ConsumerThread me = enter_consumer<Traits>();
+    const int lane = me.lane, tig = me.tig, row0 = me.row0;
 
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
     // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
     // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
-    auto load_q = [&](int64_t item) {
-        const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
-    };
+    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     const uint64_t q_desc = q_descriptor<D>(q_tile, tid);

@@ -95,18 +95,12 @@ __device__ void prefill(const SparseMlaParams& p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
-    // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
-    const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
-    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
-    const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+    const ConsumerThread me = enter_consumer<Traits>();
+    const int wg = me.wg, wg_tid = me.wg_tid, tig = me.tig, row0 = me.row0;
 
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item as
     // soon as this item's last QK^T is done, so the epilogue hides it.
-    auto load_q = [&](int64_t item) {
-        const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
-    };
+    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     MmaPV mma_pv;
@@ -269,25 +263,9 @@ __device__ void prefill(const SparseMlaParams& p) {
             const float o_scale = empty ? 0.f : scale.kv / denom;
             // one base pointer and constant offsets: 64 addresses held at once would spill
             uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h + wg * kDvPerWg;
-            auto bf16_pair = [&](int e) {  // columns 8 (e / 4) + 2 tig, + 1 of row r, for e = i + 2 r
-                const __nv_bfloat162 x = __floats2bfloat162_rn(o(e) * o_scale, o(e + 1) * o_scale);
-                return *reinterpret_cast<const uint32_t*>(&x);
-            };
-            if (p.out_rows_16b_aligned) {
-                // a quad's words of four column groups, transposed: each thread stores 8 columns
-                CUTE_UNROLL
-                for (int i = 0; i < size(o); i += 16) {
-                    uint32_t w[4];
-                    CUTE_UNROLL
-                    for (int k = 0; k < 4; ++k) w[k] = bf16_pair(i + 4 * k + 2 * r);
-                    quad_transpose(w, tig);
-                    if (real) *reinterpret_cast<uint4*>(out + 2 * i + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
-                }
-            } else if (real) {
-                CUTE_UNROLL
-                for (int i = 0; i < size(o); i += 4)
-                    *reinterpret_cast<uint32_t*>(out + acc_col(i, tig)) = bf16_pair(i + 2 * r);
-            }
+            // its words j of columns 8 (j / 2) + 2 tig, + 1: elements 2 j, 2 j + 1 of O
+            store_row<0, 1>(out, r, tig, p.out_rows_16b_aligned, real,
+                            [&](int, int j) { return bf16x2(o(2 * j) * o_scale, o(2 * j + 1) * o_scale); });
         }
 
         // The exact logit of the running max's slot, its Q row from global memory (the Q tile may

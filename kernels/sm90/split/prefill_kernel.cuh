@@ -88,18 +88,12 @@ __device__ void prefill(const SparseMlaParams& p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
-    // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
-    const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
-    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
-    const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows: row0 and row0 + 8
+    const ConsumerThread me = enter_consumer<Traits>();
+    const int wg = me.wg, wg_tid = me.wg_tid, lane = me.lane, tig = me.tig, row0 = me.row0;
 
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item
     // once both warpgroups' last QK^T is done, so that the merge hides it.
-    auto load_q = [&](int64_t item) {
-        const auto [t, head0] = work.at(item);
-        load_q_rows<D>(p, q_tile, t, head0, kHeadsPerCta, tid, Traits::kConsumerThreads);
-    };
+    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);

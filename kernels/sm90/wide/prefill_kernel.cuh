@@ -90,11 +90,8 @@ __device__ void prefill(const SparseMlaParams& p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits::kConsumerRegisters));
-    // (a shuffle, as in CUTLASS: ptxas then treats wg as warp-uniform)
-    const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid = tid % kWarpgroupThreads;
-    const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
-    const int row0 = 16 * (wg_tid / 32) + gid;  // this thread's rows of its warpgroup's heads: row0 and row0 + 8
+    const ConsumerThread me = enter_consumer<Traits>();
+    const int wg = me.wg, wg_tid = me.wg_tid, tig = me.tig, row0 = me.row0;
 
     // Q of this warpgroup's heads of an item into its swizzled tile; heads past h_q are zero rows.
     // Issued for the next item once this warpgroup's exact max has read its Q rows from the tile
@@ -102,9 +99,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // tile loop it made ptxas spill there: 6% slower); the warpgroups share nothing else of an item,
     // so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
-        const auto [t, head_pair0] = work.at(item);
-        load_q_rows<D>(p, q_tile + wg * kHeadsPerWg * D, t, head_pair0 + wg * kHeadsPerWg, kHeadsPerWg, wg_tid,
-                       kWarpgroupThreads);
+        load_q_rows<D>(p, work, item, q_tile + wg * kHeadsPerWg * D, kHeadsPerWg, wg_tid, kWarpgroupThreads, wg * kHeadsPerWg);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
