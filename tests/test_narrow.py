@@ -90,10 +90,11 @@ def test_bitwise_deterministic(cuda, h_q):
         assert [cuda.raw(x) for x in invoke(call_args(cuda, case))] == first, "two runs on identical input differ"
 
 
-def test_unaligned_rows(cuda):
+@pytest.mark.parametrize("h_q", [5, 9])
+def test_unaligned_rows(cuda, h_q):
     """q and kv rows off the 16-byte grid take the producer's byte copies; out rows off it (the host
-    asks for bf16 pairs), the 4-byte stores."""
-    h_q, d_qk = 9, table_dims()[0]
+    asks for bf16 pairs), the 4-byte stores (narrow8's are 4-byte ones always)."""
+    d_qk = table_dims()[0]
     _runs(h_q, 150)
     case = _serving_like(random_case(seed_of("narrow unaligned"), 5, 700, h_q, d_qk, 150), np.random.default_rng(5))
     unaligned_q(case)
