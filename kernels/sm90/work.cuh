@@ -71,8 +71,8 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
 }
 
 // A consumer thread of a kernel with traits K (sm90/config.h's WarpgroupRoles) once it has taken the
-// registers the producer warpgroup gave up: its warpgroup (through a shuffle, as in CUTLASS, so that
-// ptxas treats it as warp-uniform), its place in it, its quad coordinates, and the rows of its
+// registers the producer warpgroup gave up: its warpgroup (through a shuffle where there are two, as
+// in CUTLASS, so that ptxas treats it as warp-uniform), its place in it, its quad coordinates, and the rows of its
 // warpgroup's 64 heads it holds in a wgmma accumulator: row0 and row0 + 8.
 struct ConsumerThread {
     int wg, wg_tid, lane, gid, tig, row0;

@@ -1,5 +1,6 @@
 // The consumer warps of the narrow kernels with heads as the MMA's M (narrow16, narrow32): per M tile
-// of 16 heads, 4 warps; S = Q K^T with Q as A, P.V with P as A from registers.
+// of 16 heads, 4 warps; S = Q K^T with Q as A, P.V with P as A, each warp's P of its own 16 slots
+// exchanged through shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -79,7 +80,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
         }
         const int32_t* idx_row = work.indices_of(t);
         {  // the M tile's Q into fp16 A fragments: (gid, tig) of chunk c holds heads gid and gid + 8 at
-           // columns 16 c + 4 tig .. + 3, in the k order above
+           // columns 16 c + 4 tig .. + 3, in the k order of fragments.cuh
             mbar_wait(bars.q_full(), at.q & 1);
             const uint8_t* tile = q8 + kMTileHeads * mt * D;
             for (int e = group_tid; e < kChunks * 32; e += kGroupThreads) {
@@ -93,8 +94,8 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             bar_sync(group_bar, kGroupThreads);
             ++at.q;
         }
-        // the online softmax of this thread's rows gid, gid + 8 (base-2 logits), the same in every
-        // warp of the M tile; O relative to ref
+        // the online softmax of this thread's rows gid, gid + 8 (base-2 logits): the max and reference
+        // the same in every warp of the M tile, the sums over this warp's slots; O relative to ref
         float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, ref[2] = {-CUDART_INF_F, -CUDART_INF_F}, sum[2] = {0.f, 0.f};
         float o[8][2][4];
 #pragma unroll

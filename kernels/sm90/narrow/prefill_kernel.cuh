@@ -4,14 +4,16 @@
 //
 // The math is mma.sync m16n8k16 in fp16 with fp32 accumulators, the e4m3 K and V converted exactly to
 // fp16 in registers after ldmatrix from the landing tile (no fp16 copy of V in shared memory, no
-// transposed tile); its rate, not the gather, bounds the kernels (PERF.md). Per tile of 64 slots:
+// transposed tile); the latency of these chains, not the gather, bounds the kernels (PERF.md). Per
+// tile of 64 slots:
 //   1. the producer warp gathers the e4m3 kv rows (cp.async completing on the tile's mbarrier) into a
 //      ring of landing tiles; invalid slots become zero rows with a -inf logit;
 //   2. each of a group's 4 warps computes S on 16 slots, all of d_qk (fp32-grade: exact products,
-//      fp32 sums), and posts it to shared memory;
-//   3. every warp of the group reads all 64 slots' S and runs the same online softmax on them (the
-//      same rows in the same order: bitwise the same max, reference and sums in each warp), makes P
-//      (fp16) in registers and adds P V into its 128 columns of O, in fp32 registers;
+//      fp32 sums);
+//   3. the online softmax, whose maxima and reference every warp of the group holds bit for bit
+//      alike: heads as M, each warp makes P of its own slots once the tile's maxima are exchanged,
+//      and reads the others' P; heads as N, S^T is exchanged and every warp makes all of P. Each
+//      warp then adds P V into its 128 columns of O, in fp32 registers;
 //   4. at an item's end, out, and max_logits and lse from the running max and sum.
 // Heads are the MMA's M in groups of 16 (heads_as_m.cuh: narrow16, narrow32) or, for 8 heads, its N
 // (heads_as_n.cuh: narrow8, the MMAs transposed). The grid is persistent (two CTAs per SM for one
