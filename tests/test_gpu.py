@@ -46,7 +46,7 @@ def _runs(h_q, topk, kernel):
 
 
 @pytest.mark.parametrize("shape, checked, kernel", [((64, 65536, 128, 576, 2048), 16, "wide"),
-                                                    ((70000, 4096, 40, 512, 16), 512, "fallback"),
+                                                    ((70000, 4096, 40, 512, 16), 512, "dual"),
                                                     ((70000, 4096, 16, 512, 16), 512, "narrow16"),
                                                     ((70000, 4096, 8, 576, 40), 512, "narrow8")],
                          ids=["h128_topk2048_skv65536", "sq70000_topk16", "sq70000_h16", "sq70000_h8"])
@@ -104,15 +104,15 @@ def test_more_items_than_sms(cuda, d_qk, h_q, topk, kernel):
     run_and_check(cuda, _items_case(seed_of("items", d_qk, h_q), 300, 2000, h_q, d_qk, topk))
 
 
-@pytest.mark.parametrize("h_q, topk, kernel", [(128, 2048, "wide"), (128, 2049, "fallback"), (64, 255, "fallback"),
+@pytest.mark.parametrize("h_q, topk, kernel", [(128, 2048, "wide"), (128, 2049, "fallback"), (64, 1, "dual"),
                                               (64, 256, "dual"), (64, 1023, "dual"), (64, 1024, "split"),
                                               (64, 4096, "split"), (64, 4097, "fallback")],
-                         ids=["wide", "wide+1", "dual-1", "dual", "dual_max", "split", "split_max", "split_max+1"])
+                         ids=["wide", "wide+1", "dual_min", "dual", "dual_max", "split", "split_max", "split_max+1"])
 def test_f16_kernels_topk_bounds(cuda, h_q, topk, kernel):
     """The wide, dual and split kernels keep O in f16 registers, rounded at every k16 step; the worst
     case is a token whose slots all name one kv row (every step rounds the same way). At their
-    largest topk (2048 slots per warpgroup) that stays within the contract; one slot more, or a call
-    below the dual kernel's smallest topk, goes to the 64-head kernel."""
+    largest topk (2048 slots per warpgroup) that stays within the contract; one slot more goes to the
+    64-head kernel."""
     _runs(h_q, topk, kernel)
     s_q, s_kv, d_qk = 6, 8192, table_dims()[-1]
     case = random_case(seed_of("f16 bound", h_q, topk), s_q, s_kv, h_q, d_qk, topk)

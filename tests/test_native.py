@@ -77,8 +77,8 @@ def test_native_takes_no_kernel_from_the_caller():
 # (h_q, topk) -> the kernel that runs it: the bounds of each kernel's takes() (kernels/sm90/*/config.h)
 KERNEL_OF = {
     (128, 2048): "wide", (65, 1): "wide", (128, 2049): "fallback", (300, 16384): "fallback",
-    (64, 255): "fallback", (64, 256): "dual", (33, 1023): "dual", (64, 1024): "split", (33, 4096): "split",
-    (64, 4097): "fallback", (33, 16): "fallback", (1, 1): "narrow8", (8, 1 << 20): "narrow8", (9, 1): "narrow16",
+    (64, 255): "dual", (64, 256): "dual", (33, 1023): "dual", (64, 1024): "split", (33, 4096): "split",
+    (64, 4097): "fallback", (33, 16): "dual", (64, 1): "dual", (1, 1): "narrow8", (8, 1 << 20): "narrow8", (9, 1): "narrow16",
     (16, 16): "narrow16", (16, 1 << 20): "narrow16", (17, 4096): "narrow32", (32, 1): "narrow32", (32, 1 << 20): "narrow32",
 }
 

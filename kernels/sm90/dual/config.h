@@ -14,8 +14,6 @@ constexpr int kHalfSlots = kSlotsPerTile / 2;  // the unit of the ring: a half t
 // e4m3 kv half tiles: the gather runs two half tiles ahead where shared memory allows
 constexpr int kMaxLandingBuffers = 3;
 constexpr int landing_buffers(int d_qk) { return d_qk <= 512 ? kMaxLandingBuffers : 2; }
-// Below this the fallback kernel keeps the small shapes (and the tests' coverage).
-constexpr int64_t kMinTopk = 256;
 
 // Shared memory, each wgmma operand 1024-byte aligned for its swizzle:
 //   one fp16 half tile [slot][kDv]: V of a half tile, the MN-major B of P.V (P comes from registers);
@@ -26,8 +24,9 @@ constexpr int landing_smem_offset(int) { return kHalfSlots * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + landing_buffers(d_qk) * half_tile_bytes(d_qk); }
 
 // Its entry in the registry, after the split kernel's: it takes the calls with one block of 64 heads
-// from kMinTopk slots on that the split kernel does not, where the fallback kernel's per-item
-// epilogue bounds it, up to where its f16 O (the wide kernel's) is accurate enough. (An exact kernel:
+// that the split kernel does not, up to where its f16 O (the wide kernel's) is accurate enough. At
+// short rows too: there the per-item end is the kernel, and two CTAs per SM hide part of it (at
+// topk 32 to 256, 17-23% faster than the fallback kernel in one run: PERF.md). (An exact kernel:
 // it takes both precisions until fast kernels exist.) Two CTAs per SM, so that while one CTA runs
 // its epilogue the other's wgmmas run: 65536 registers / 2 / 128 = 256 per consumer and producer
 // thread pair.
@@ -35,7 +34,7 @@ struct Traits : WarpgroupRoles<1, 2, 40, 216> {
     static constexpr int kHeadsPerCta = dual::kHeadsPerCta;
     static constexpr int smem_bytes(int d_qk) { return q_smem_offset(d_qk) + kHeadsPerCta * d_qk; }
     static constexpr bool takes(int64_t h_q, int64_t topk, Precision) {
-        return h_q <= kHeadsPerCta && topk >= kMinTopk && topk <= wide::kMaxTopk;
+        return h_q <= kHeadsPerCta && topk <= wide::kMaxTopk;
     }
 };
 // two CTAs' shared memory and the 1 KB the SM reserves for each

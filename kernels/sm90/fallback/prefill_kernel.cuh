@@ -1,7 +1,7 @@
 // The SM90 FP8 sparse MLA prefill kernel for 64 heads per CTA with O in fp32, one template for every
 // QK head dim: the registry's last entry, it takes every call that no kernel before it takes
-// (kernels/registry.h; today h_q <= 64 with topk below dual::kMinTopk or above split::kMaxTopk, and
-// h_q > 64 with topk above wide::kMaxTopk).
+// (kernels/registry.h; today the calls with topk above split::kMaxTopk (h_q <= 64) or above
+// wide::kMaxTopk (h_q > 64), where an f16 O would miss the contract).
 //
 // One CTA computes one query token for 64 heads: a producer warpgroup and two consumer warpgroups,
 // meeting on named barriers. Per tile of 64 topk slots:
