@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build and install (or install a wheel built elsewhere), then the GPU
 # suite, the demo, the benchmark and the sanitizers. Logs go to $OUT.
-# Usage: ci/gpu.sh [--wheel WHEEL] [build] [test] [frameworks] [demo] [bench] [sanitize] [floor]
-# (default: all but frameworks and floor; floor: the narrow kernels' gather floor on the serving shapes,
-# which needs the peers' compare.py in $PEERS, default .peers).
+# Usage: ci/gpu.sh [--wheel WHEEL] [build] [test] [frameworks] [demo] [bench] [sanitize] [floor] [accum]
+# (default: all but frameworks, floor and accum; floor: the narrow kernels' gather floor on the serving
+# shapes, which needs the peers' compare.py in $PEERS, default .peers; accum: how FP8 wgmma sums, for
+# precision "fast": ci/probes/fp8_accumulator.py).
 # --wheel WHEEL: the build step installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) instead
 # of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it).
 # A GPU machine without a package registry gets the CuTe/CUTLASS headers from a wheel carried in .whl/
@@ -61,11 +62,20 @@ if step sanitize; then
     tail -3 "$OUT/$tool.log"
   done
 fi
-if step floor; then
+probe_fatbin() {  # ci/probes/$1.cu into $OUT/$1.fatbin (the CUTLASS headers from .whl/ if need be)
+  local cutlass
+  python3 -c "import cutlass_library" 2> /dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl
   cutlass=$(python3 -c "import importlib.util, os; print(os.path.join(importlib.util.find_spec('cutlass_library').submodule_search_locations[0], 'source', 'include'))")
   nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr \
-       -Ikernels -I"$cutlass" -o "$OUT/narrow_gather.fatbin" ci/probes/narrow_gather.cu &&
+       -Ikernels -I"$cutlass" -o "$OUT/$1.fatbin" "ci/probes/$1.cu"
+}
+if step floor; then
+  probe_fatbin narrow_gather &&
     python3 ci/probes/narrow_gather.py "$OUT/narrow_gather.fatbin" "${PEERS:-.peers}" 2>&1 | tee "$OUT/floor.log"
   record $? "gather floor"
+fi
+if step accum; then
+  probe_fatbin fp8_accumulator && python3 ci/probes/fp8_accumulator.py "$OUT/fp8_accumulator.fatbin" 2>&1 | tee "$OUT/accum.log"
+  record $? "FP8 accumulator probe"
 fi
 exit $status
