@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sparse_mla_fp8
-from sparse_mla_fp8.reference import bf16_bits_to_float32, e4m3_encode, reference_prefill, valid_slots
+from sparse_mla_fp8.reference import bf16_bits_to_float32, e4m3_decode, e4m3_encode, reference_prefill, valid_slots
 
 INT_MIN, INT_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 D_V = 512
@@ -80,6 +80,15 @@ class Case:
         tl = None if self.topk_length is None else self.topk_length[tokens]
         return reference_prefill(self.q[tokens], self.kv, self.indices[tokens], self.sm_scale,
                                  self.q_scale, self.kv_scale, D_V, self.attn_sink, tl)
+
+    def largest_abs_logit(self):
+        """[s_q, h_q]: each row's largest |logit| over its valid slots (0 where none): the contract's
+        bound on max_logits and lse in precision "exact" grows with it (3e-5 of it, where that is
+        more than 1e-3)."""
+        valid = valid_slots(self.indices, self.kv.shape[0], self.topk_length)
+        rows = np.where(valid[..., None], e4m3_decode(self.kv[np.where(valid, self.indices[:, 0], 0), 0]), 0.0)
+        logits = np.einsum("shd,std->sht", e4m3_decode(self.q), rows) * self.sm_scale * self.q_scale * self.kv_scale
+        return np.abs(logits).max(axis=-1, initial=0.0)
 
     def poison_unreferenced_kv(self):
         """Make every KV row that no valid slot names a NaN row, so that a read of one shows."""
@@ -293,9 +302,9 @@ def results_numpy(backend, result, tokens=slice(None)):
             backend.numpy(ml).astype(np.float64), backend.numpy(lse).astype(np.float64))
 
 
-def assert_matches(got, ref, tol):
+def assert_matches(got, ref, tol, stat_tol=STAT_TOL):
     """The contract's accuracy: ||out - ref|| / ||ref|| <= tol, |max_logits - ref| and |lse - ref| <=
-    1e-3 with the infinities of empty rows exact; plus no NaN anywhere (poisoned outputs that were not
+    stat_tol (a number, or one per row) with the infinities of empty rows exact; plus no NaN anywhere (poisoned outputs that were not
     written are NaN), exact zeros where the reference is 0, and no single row far off."""
     out, ml, lse = got
     r_out, r_ml, r_lse = ref
@@ -305,7 +314,7 @@ def assert_matches(got, ref, tol):
         bad = np.flatnonzero(g[inf] != r[inf])
         assert bad.size == 0, f"{name}: {bad.size} rows should be {r[inf][bad[:4]]}, got {g[inf][bad[:4]]}"
         err = np.abs(g[~inf] - r[~inf])
-        assert np.all(err <= STAT_TOL), \
+        assert np.all(err <= np.broadcast_to(stat_tol, r.shape)[~inf]), \
             f"{name}: max abs error {np.nanmax(err, initial=0)}, NaN in {np.isnan(err).sum()} rows"
     assert np.isfinite(out).all(), f"out: {np.count_nonzero(~np.isfinite(out))} non-finite elements"
     zero_rows = (r_out == 0).all(axis=-1)

@@ -12,8 +12,8 @@ import pytest
 import sparse_mla_fp8
 from sparse_mla_fp8 import _C
 from sparse_mla_fp8._frameworks import export
-from harness import (INT_MAX, INT_MIN, Backend, assert_matches, assert_refused, call_args, dim, dims_error,
-                     gpu_supported, invoke, random_case, results_numpy, run_and_check, seed_of, table_dims,
+from harness import (INT_MAX, INT_MIN, STAT_TOL, Backend, assert_matches, assert_refused, call_args, dim,
+                     dims_error, gpu_supported, invoke, random_case, results_numpy, run_and_check, seed_of, table_dims,
                      unaligned_kv, unaligned_q)
 
 KERNELS = _C.kernel_names()
@@ -118,6 +118,25 @@ def test_f16_kernels_topk_bounds(cuda, h_q, topk, kernel):
     case = random_case(seed_of("f16 bound", h_q, topk), s_q, s_kv, h_q, d_qk, topk)
     case.indices[::2] = case.indices[::2, :, :1]  # even tokens: one row in every slot
     run_and_check(cuda, case)
+
+
+@pytest.mark.parametrize("scales", [(2.0, 2.0), (4.0, 1.0)], ids=["2x2", "4x1"])
+@pytest.mark.parametrize("h_q, topk", [(128, 2048), (64, 2048), (64, 1000), (64, 100), (16, 2048), (8, 640)])
+def test_exact_at_large_logits(h_q, topk, scales):
+    """Precision "exact" within CONTRACT.md's bound where q_scale x kv_scale = 4 makes the logits large
+    (|logit| ~40 at most): max_logits and lse within 1e-3 or 3e-5 x the row's largest |logit|,
+    whichever is more, on each kernel's calls (wide, split, dual, narrow16, narrow8), with a sink and
+    topk_length."""
+    d_qk = table_dims()[-1]
+    case = random_case(seed_of("large logits", h_q, topk, scales), 4, 4000, h_q, d_qk, topk)
+    case.q_scale, case.kv_scale = scales
+    rng = np.random.default_rng(6)
+    case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    case.topk_length = rng.integers(1, topk + 1, case.s_q).astype(np.int32)
+    case.precision = "exact"
+    backend = Backend("torch-fp8", "cuda")
+    got = results_numpy(backend, invoke(call_args(backend, case)))
+    assert_matches(got, case.reference(), backend.tol, np.maximum(STAT_TOL, 3e-5 * case.largest_abs_logit()))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
