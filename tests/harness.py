@@ -304,8 +304,9 @@ def results_numpy(backend, result, tokens=slice(None)):
 
 def assert_matches(got, ref, tol, stat_tol=STAT_TOL):
     """The contract's accuracy: ||out - ref|| / ||ref|| <= tol, |max_logits - ref| and |lse - ref| <=
-    stat_tol (a number, or one per row) with the infinities of empty rows exact; plus no NaN anywhere (poisoned outputs that were not
-    written are NaN), exact zeros where the reference is 0, and no single row far off."""
+    stat_tol (a number, or one per row) with the infinities of empty rows exact; plus no NaN anywhere
+    (poisoned outputs that were not written are NaN), exact zeros where the reference is 0, and no
+    single row far off."""
     out, ml, lse = got
     r_out, r_ml, r_lse = ref
     assert out.shape == r_out.shape and ml.shape == r_ml.shape and lse.shape == r_lse.shape
