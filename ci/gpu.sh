@@ -75,7 +75,8 @@ if step floor; then
   record $? "gather floor"
 fi
 if step accum; then
-  probe_fatbin fp8_accumulator && python3 ci/probes/fp8_accumulator.py "$OUT/fp8_accumulator.fatbin" 2>&1 | tee "$OUT/accum.log"
+  probe_fatbin fp8_accumulator &&
+    python3 ci/probes/fp8_accumulator.py "$OUT/fp8_accumulator.fatbin" 2>&1 | tee "$OUT/accum.log"
   record $? "FP8 accumulator probe"
 fi
 exit $status

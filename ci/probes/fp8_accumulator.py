@@ -30,7 +30,8 @@ def run(acc, steps, a, b, c=None):
     """D = C + A B^T by a chain of `steps` wgmmas (a: 64 x K, b: 8 x K e4m3 tensors), float64."""
     ga = cupy.asarray(np.ascontiguousarray(a.view(torch.uint8).numpy()))
     gb = cupy.asarray(np.ascontiguousarray(b.view(torch.uint8).numpy()))
-    gc = cupy.asarray(np.zeros((M, N), np.float32) if c is None else np.broadcast_to(c, (M, N)).astype(np.float32))
+    c = np.zeros((M, N)) if c is None else np.broadcast_to(c, (M, N))
+    gc = cupy.asarray(c.astype(np.float32))
     gd = cupy.zeros((M, N), cupy.float32)
     mod.get_function(f"chain_{acc}_{steps}")((1,), (128,), (ga, gb, gc, gd))
     cupy.cuda.runtime.deviceSynchronize()
@@ -47,7 +48,8 @@ print("1. C + x into the accumulator (x one product; RN: to nearest, even; RZ: t
 x = np.array([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.5], np.float32)
 for acc, c in (("f16", 1024.0), ("f32", 2.0 ** 23)):
     cs, xs = np.concatenate([np.full(8, c), np.full(8, -c)]), np.concatenate([x, -x])
-    got = run(acc, 1, e4m3(one_hot(M, np.resize(xs, M))), e4m3(one_hot(N, 1.0)), np.resize(cs, M)[:, None])
+    got = run(acc, 1, e4m3(one_hot(M, np.resize(xs, M))), e4m3(one_hot(N, 1.0)),
+              np.resize(cs, M)[:, None])
     for i in range(16):
         exact = cs[i] + xs[i]
         print(f"  {acc} C {cs[i]:+.0f} x {xs[i]:+.2f}: got C {got[i, 0] - cs[i]:+.2f}"
@@ -74,17 +76,19 @@ for _ in range(40):
     b = e4m3(rng.standard_normal((N, 512)) * 1.5)
     exact = value(a) @ value(b).T
     scale = np.sqrt(np.mean(exact ** 2))
-    sums = {"16 steps on the tensor cores": run("f32", 16, a, b),
-            "4 x 4, promoted": sum(run("f32", 4, a[:, g * 128:(g + 1) * 128], b[:, g * 128:(g + 1) * 128]) for g in range(4)),
-            "16 x 1, promoted": sum(run("f32", 1, a[:, g * 32:(g + 1) * 32], b[:, g * 32:(g + 1) * 32]) for g in range(16))}
+    def promoted(steps):  # sums of `steps` K steps each, added in float64
+        k = KSTEP * steps
+        return sum(run("f32", steps, a[:, g:g + k], b[:, g:g + k]) for g in range(0, 512, k))
+    sums = {"16 steps on the tensor cores": run("f32", 16, a, b), "4 x 4, promoted": promoted(4),
+            "16 x 1, promoted": promoted(1)}
     for k, got in sums.items():
         stats[k].append((got - exact) / scale)
 for k, errs in stats.items():
     e = np.concatenate([x.ravel() for x in errs])
     print(f"  {k}: mean {e.mean():+.2e}, RMS {np.sqrt(np.mean(e ** 2)):.2e}, max {np.abs(e).max():.2e}")
 
-print("4. e4m3 P (exp(logit - max) x 2^s, logits randn x spread) . V (randn x 1.5), 2048 slots, f16 accumulator:"
-      " relative L2 error against float64, and against float64 rounded to f16 after each K step")
+print("4. e4m3 P (exp(logit - max) x 2^s, logits randn x spread) . V (randn x 1.5), 2048 slots, f16"
+      " accumulator: relative L2 error against float64, and against float64 rounded to f16 after each K step")
 for spread in (0.5, 2.0, 9.0):
     for s in (-4, 0, 4, 8):
         logits = rng.standard_normal((M, 2048)) * spread
@@ -95,7 +99,10 @@ for spread in (0.5, 2.0, 9.0):
         exact = pv @ vv.T
         sim = np.zeros((M, N))
         for g in range(64):
-            sim = (sim + pv[:, g * 32:(g + 1) * 32] @ vv[:, g * 32:(g + 1) * 32].T).astype(np.float16).astype(np.float64)
+            step = pv[:, g * KSTEP:(g + 1) * KSTEP] @ vv[:, g * KSTEP:(g + 1) * KSTEP].T
+            sim = (sim + step).astype(np.float16).astype(np.float64)
         norm = np.linalg.norm(exact)
+        rms = norm / np.sqrt(exact.size)
         print(f"  spread {spread} s {s:+d}: max |D| {np.abs(exact).max():.3g}, error {np.linalg.norm(got - exact) / norm:.2e},"
-              f" the RN-per-step simulation's {np.linalg.norm(sim - exact) / norm:.2e}, mean signed {np.mean(got - exact) / (norm / np.sqrt(exact.size)):+.2e}")
+              f" the RN-per-step simulation's {np.linalg.norm(sim - exact) / norm:.2e},"
+              f" mean signed {np.mean(got - exact) / rms:+.2e}")
