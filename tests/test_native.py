@@ -78,8 +78,9 @@ def test_native_takes_no_kernel_from_the_caller():
 KERNEL_OF = {
     (128, 2048): "wide", (65, 1): "wide", (128, 2049): "fallback", (300, 16384): "fallback",
     (64, 255): "dual", (64, 256): "dual", (33, 1023): "dual", (64, 1024): "split", (33, 4096): "split",
-    (64, 4097): "fallback", (33, 16): "dual", (64, 1): "dual", (1, 1): "narrow8", (8, 1 << 20): "narrow8", (9, 1): "narrow16",
-    (16, 16): "narrow16", (16, 1 << 20): "narrow16", (17, 4096): "narrow32", (32, 1): "narrow32", (32, 1 << 20): "narrow32",
+    (64, 4097): "fallback", (33, 16): "dual", (64, 1): "dual", (1, 1): "narrow8", (8, 1 << 20): "narrow8",
+    (9, 1): "narrow16", (16, 16): "narrow16", (16, 1 << 20): "narrow16", (17, 4096): "narrow32", (32, 1): "narrow32",
+    (32, 1 << 20): "narrow32",
 }
 
 

@@ -60,7 +60,8 @@ template <int D>
 __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int64_t item, uint8_t* tile, int n_heads,
                             int first, int step, int head_offset = 0) {
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
-    const int64_t t = work.at(item).token, head0 = work.at(item).head0 + head_offset;
+    const auto [t, item_head0] = work.at(item);
+    const int64_t head0 = item_head0 + head_offset;
     for (int u = first; u < n_heads * kChunks; u += step) {
         const int r = u / kChunks, c = u % kChunks;
         const bool valid = head0 + r < p.h_q;

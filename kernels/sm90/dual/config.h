@@ -25,8 +25,8 @@ constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + landi
 
 // Its entry in the registry, after the split kernel's: it takes the calls with one block of 64 heads
 // that the split kernel does not, up to where its f16 O (the wide kernel's) is accurate enough. At
-// short rows too: there the per-item end is the kernel, and two CTAs per SM hide part of it (at
-// topk 32 to 256, 17-23% faster than the fallback kernel in one run: PERF.md). (An exact kernel:
+// short rows too: there the per-item end is the kernel, and two CTAs per SM hide part of it (faster
+// than the fallback kernel at every short topk measured: PERF.md). (An exact kernel:
 // it takes both precisions until fast kernels exist.) Two CTAs per SM, so that while one CTA runs
 // its epilogue the other's wgmmas run: 65536 registers / 2 / 128 = 256 per consumer and producer
 // thread pair.
