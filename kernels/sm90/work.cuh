@@ -42,7 +42,30 @@ struct WorkItems {
     __device__ bool valid_slot(const int32_t* idx_row, int64_t n_slots, int64_t slot) const {
         return slot < n_slots && in_range(idx_row[slot]);
     }
+    // An item as a consumer warpgroup takes it: its token t and first head (head_offset: the
+    // warpgroup's heads within the item), the token's slots, tiles and indices, and whether the CTA
+    // takes another item after it.
+    struct Taken {
+        int64_t t, head0, n_slots;
+        int n_tiles;
+        const int32_t* idx_row;
+        bool more;
+    };
+    __device__ Taken take(int64_t item, int64_t head_offset = 0) const {
+        const Item it = at(item);
+        const int64_t n_slots = slots_of(it.token);
+        return Taken{it.token, it.head0 + head_offset, n_slots, tiles_of(n_slots), indices_of(it.token),
+                     item + gridDim.x < n_items};
+    }
 };
+
+// A consumer's wait for its item's Q (load_q_rows' copies): its own copies, then every thread's
+// (`threads` threads on named barrier `bar`).
+__device__ inline void await_q(int bar, int threads) {
+    cute::cp_async_wait<0>();
+    fence_for_tensor_cores();
+    bar_sync(bar, threads);
+}
 
 // The call's scales: q_scale and kv_scale (numbers, or device pointers read here: no host sync), and
 // what takes an e4m3 dot product to a base-2 logit.

@@ -186,14 +186,8 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     int cta_half = 0;  // this CTA's half tiles so far, across items: names the landing buffer
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const auto [t, head0] = work.at(item);
-        const int64_t n_slots = work.slots_of(t);
-        const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = work.indices_of(t);
-        const bool more = item + gridDim.x < n_items;
-        cute::cp_async_wait<0>();
-        fence_for_tensor_cores();
-        bar_sync(kQBar, Traits::kConsumerThreads);  // Q landed
+        const auto [t, head0, n_slots, n_tiles, idx_row, more] = work.take(item);
+        await_q(kQBar, Traits::kConsumerThreads);
         each_word(o, [](uint32_t& x) { x = 0; });
         rows.reset();
 

@@ -152,14 +152,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     const uint32_t p_tile = static_cast<uint32_t>(__cvta_generic_to_shared(v16)) + kPOffset * sizeof(half_t);
     int cta_tile = 0;  // this CTA's tiles so far, across items: names the landing buffer
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const auto [t, head0] = work.at(item);
-        const int64_t n_slots = work.slots_of(t);
-        const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = work.indices_of(t);
-        const bool more = item + gridDim.x < n_items;
-        cute::cp_async_wait<0>();
-        fence_for_tensor_cores();
-        bar_sync(kConsumersBar, Traits::kConsumerThreads);  // Q landed; the previous item's epilogue is done in both warpgroups
+        const auto [t, head0, n_slots, n_tiles, idx_row, more] = work.take(item);
+        await_q(kConsumersBar, Traits::kConsumerThreads);  // and the previous item's epilogue is done in both warpgroups
         clear(o);
         for (int r = 0; r < 2; ++r) row_max[r] = row_ref[r] = -CUDART_INF_F, row_sum[r] = 0.f, max_tile[r] = 0;
 

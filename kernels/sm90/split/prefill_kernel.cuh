@@ -111,16 +111,13 @@ __device__ void prefill(const SparseMlaParams& p) {
     int cta_tile = 0;
     bool pending_empty = false;
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const WorkItems::Item at = work.at(item);  // (not a structured binding: merge captures it)
-        const int64_t t = at.token, head0 = at.head0;
-        const int64_t n_slots = work.slots_of(t);
-        const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = work.indices_of(t);
-        const bool more = item + gridDim.x < n_items;
-        cute::cp_async_wait<0>();
-        fence_for_tensor_cores();
+        const WorkItems::Taken it = work.take(item);  // (not a structured binding: merge captures it)
+        const int64_t t = it.t, head0 = it.head0, n_slots = it.n_slots;
+        const int n_tiles = it.n_tiles;
+        const int32_t* idx_row = it.idx_row;
+        const bool more = it.more;
         // Q landed; the previous item's merge has read the fp16 tile and the statistics
-        bar_sync(kConsumersBar, Traits::kConsumerThreads);
+        await_q(kConsumersBar, Traits::kConsumerThreads);
         // the previous P.V's half of the fp16 tile is free only now, after that item's merge; an item
         // without tiles has a merge too, and defers it further
         if (pending_empty && n_tiles > 0) {

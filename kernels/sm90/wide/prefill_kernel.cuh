@@ -119,15 +119,8 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     int cta_tile = 0;
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const auto [t, head_pair0] = work.at(item);
-        const int64_t head0 = head_pair0 + wg * kHeadsPerWg;  // this warpgroup's first head
-        const int64_t n_slots = work.slots_of(t);
-        const int n_tiles = work.tiles_of(n_slots);
-        const int32_t* idx_row = work.indices_of(t);
-        const bool more = item + gridDim.x < n_items;
-        cute::cp_async_wait<0>();
-        fence_for_tensor_cores();
-        bar_sync(kQBar0 + wg, kWarpgroupThreads);  // this warpgroup's Q landed
+        const auto [t, head0, n_slots, n_tiles, idx_row, more] = work.take(item, wg * kHeadsPerWg);
+        await_q(kQBar0 + wg, kWarpgroupThreads);  // this warpgroup's Q
         each_word(o, [](uint32_t& x) { x = 0; });
         rows.reset();
 
