@@ -314,9 +314,11 @@ def assert_matches(got, ref, tol, stat_tol=STAT_TOL):
         inf = np.isinf(r)
         bad = np.flatnonzero(g[inf] != r[inf])
         assert bad.size == 0, f"{name}: {bad.size} rows should be {r[inf][bad[:4]]}, got {g[inf][bad[:4]]}"
-        err = np.abs(g[~inf] - r[~inf])
-        assert np.all(err <= np.broadcast_to(stat_tol, r.shape)[~inf]), \
-            f"{name}: max abs error {np.nanmax(err, initial=0)}, NaN in {np.isnan(err).sum()} rows"
+        err, bound = np.abs(g[~inf] - r[~inf]), np.broadcast_to(stat_tol, r.shape)[~inf]
+        if not np.all(err <= bound):
+            worst = np.argmax(np.where(np.isnan(err), np.inf, err / bound))  # a NaN row first
+            raise AssertionError(f"{name}: max abs error {np.nanmax(err, initial=0)}, NaN in {np.isnan(err).sum()} "
+                                 f"rows; worst against its bound: {err[worst]:.3g} where {bound[worst]:.3g} is allowed")
     assert np.isfinite(out).all(), f"out: {np.count_nonzero(~np.isfinite(out))} non-finite elements"
     zero_rows = (r_out == 0).all(axis=-1)
     assert (out[zero_rows] == 0).all(), "out is not 0 in rows with no valid slot or a +inf sink"
