@@ -96,18 +96,18 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
 
 // A consumer thread of a kernel with traits K (sm90/config.h's WarpgroupRoles) once it has taken the
 // registers the producer warpgroup gave up: its warpgroup (through a shuffle where there are two, as
-// in CUTLASS, so that ptxas treats it as warp-uniform), its place in it, its quad coordinates, and the rows of its
-// warpgroup's 64 heads it holds in a wgmma accumulator: row0 and row0 + 8.
+// in CUTLASS, so that ptxas treats it as warp-uniform), its place in it, its lane and place in its
+// quad, and the rows of its warpgroup's 64 heads it holds in a wgmma accumulator: row0 and row0 + 8.
 struct ConsumerThread {
-    int wg, wg_tid, lane, gid, tig, row0;
+    int wg, wg_tid, lane, tig, row0;
 };
 template <class K>
 __device__ inline ConsumerThread enter_consumer() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(K::kConsumerRegisters));
     const int tid = threadIdx.x, lane = tid % 32;
-    if constexpr (K::kConsumerWarpgroups == 1) return {0, tid, lane, lane / 4, lane % 4, 16 * (tid / 32) + lane / 4};
+    if constexpr (K::kConsumerWarpgroups == 1) return {0, tid, lane, lane % 4, 16 * (tid / 32) + lane / 4};
     const int wg_tid = tid % kWarpgroupThreads;
-    return {__shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid, lane, lane / 4, lane % 4, 16 * (wg_tid / 32) + lane / 4};
+    return {__shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0), wg_tid, lane, lane % 4, 16 * (wg_tid / 32) + lane / 4};
 }
 
 // V of one row of a landing tile in fp16: its 16-byte e4m3 chunks m (m < kDv / 64: those of one of

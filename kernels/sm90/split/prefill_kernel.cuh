@@ -112,28 +112,24 @@ __device__ void prefill(const SparseMlaParams& p) {
     bool pending_empty = false;
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
         const WorkItems::Taken it = work.take(item);  // (not a structured binding: merge captures it)
-        const int64_t t = it.t, head0 = it.head0, n_slots = it.n_slots;
-        const int n_tiles = it.n_tiles;
-        const int32_t* idx_row = it.idx_row;
-        const bool more = it.more;
         // Q landed; the previous item's merge has read the fp16 tile and the statistics
         await_q(kConsumersBar, Traits::kConsumerThreads);
         // the previous P.V's half of the fp16 tile is free only now, after that item's merge; an item
         // without tiles has a merge too, and defers it further
-        if (pending_empty && n_tiles > 0) {
+        if (pending_empty && it.n_tiles > 0) {
             for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
             pending_empty = false;
         }
         each_word(o, [](uint32_t& x) { x = 0; });
         rows.reset();
 
-        for (int tile = 0; tile < n_tiles; ++tile, ++cta_tile) {
+        for (int tile = 0; tile < it.n_tiles; ++tile, ++cta_tile) {
             const int buffer = cta_tile % kLandingBuffers;
             // the validity of its half tile's slots, from the indices (lane j: slot 32 wg + j), loaded
             // now and used after the QK^T (racecheck does not follow words handed over in shared
             // memory through this kernel's barriers: PERF-HISTORY.md, v17)
             const bool lane_valid =
-                work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
+                work.valid_slot(it.idx_row, it.n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * wg + lane);
             bar_sync(kLandingFullBar0 + Traits::kConsumerWarpgroups * buffer + wg, kPairThreads);
             float s[kAcc] = {};
             qk_promoted<D>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * e4m3_tile_bytes(D) / 16), s, [&] {
@@ -150,7 +146,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
-        pending_empty = pending_empty || n_tiles > 0;
+        pending_empty = pending_empty || it.n_tiles > 0;
 
         // The merge. Each warpgroup posts its rows' statistics over its slots; both then take the
         // same combined reference, sum and max slot for every row, bit for bit (fmaxf and + are
@@ -161,7 +157,7 @@ __device__ void prefill(const SparseMlaParams& p) {
             if (tig == 0) stats[wg][row0 + 8 * r] = RowStats{rows.max[r], rows.ref[r], sum, rows.max_tile[r]};
         }
         bar_sync(kConsumersBar, Traits::kConsumerThreads);  // statistics posted; both warpgroups' QK^T and P.V done
-        if (more) load_q(item + gridDim.x);
+        if (it.more) load_q(item + gridDim.x);
         float ref[2], own_weight[2], other_weight[2], total[2], best_max[2];
         int best_tile[2];
         CUTE_UNROLL
@@ -177,12 +173,12 @@ __device__ void prefill(const SparseMlaParams& p) {
         }
         // max_logits and lse: warpgroup wg takes row row0 + 8 wg. The index of its max slot loads now,
         // under the output stores.
-        const int64_t h_own = head0 + row0 + 8 * wg;
+        const int64_t h_own = it.head0 + row0 + 8 * wg;
         // (selects: a register array indexed at run time would go to memory)
         const float max_own = wg ? best_max[1] : best_max[0];
         const bool own_empty = max_own == -CUDART_INF_F;
         int32_t j_max = -1;
-        if (h_own < p.h_q && !own_empty) j_max = max_index(max_own, wg ? best_tile[1] : best_tile[0], n_slots, idx_row);
+        if (h_own < p.h_q && !own_empty) j_max = max_index(max_own, wg ? best_tile[1] : best_tile[0], it.n_slots, it.idx_row);
 
         // O: warpgroup wg writes out columns 256 wg .. 256 wg + 255 and hands the other half of its
         // O to the other warpgroup, through the fp16 tile in this thread's order (16-byte words,
@@ -196,24 +192,24 @@ __device__ void prefill(const SparseMlaParams& p) {
             // next item's first tile into the fp16 tile already)
             CUTE_UNROLL
             for (int k = 0; k < kWords; ++k)
-                if (n_tiles > 0) handed[((n ^ 1) * kWords + k) * kWarpgroupThreads + wg_tid] =
+                if (it.n_tiles > 0) handed[((n ^ 1) * kWords + k) * kWarpgroupThreads + wg_tid] =
                     make_uint4(o[n ^ 1][4 * k], o[n ^ 1][4 * k + 1], o[n ^ 1][4 * k + 2], o[n ^ 1][4 * k + 3]);
             bar_sync(kConsumersBar, Traits::kConsumerThreads);  // the halves handed over
             uint32_t theirs[64];
             CUTE_UNROLL
             for (int k = 0; k < kWords; ++k) {
-                const uint4 w = n_tiles > 0 ? handed[(n * kWords + k) * kWarpgroupThreads + wg_tid] : make_uint4(0, 0, 0, 0);
+                const uint4 w = it.n_tiles > 0 ? handed[(n * kWords + k) * kWarpgroupThreads + wg_tid] : make_uint4(0, 0, 0, 0);
                 theirs[4 * k] = w.x, theirs[4 * k + 1] = w.y, theirs[4 * k + 2] = w.z, theirs[4 * k + 3] = w.w;
             }
             CUTE_UNROLL
             for (int r = 0; r < 2; ++r) {
-                const int64_t h = head0 + row0 + 8 * r;
+                const int64_t h = it.head0 + row0 + 8 * r;
                 const bool real = h < p.h_q;
                 float denom = total[r];
                 if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - ref[r] - p_shift);
                 const float o_scale = best_max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
                 const float own_scale = own_weight[r] * o_scale, other_scale = other_weight[r] * o_scale;
-                uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
+                uint16_t* out = p.out + it.t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
                 store_row<n, n + 1>(out, r, tig, p.out_rows_16b_aligned, real, [&](int, int j) {
                     const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
                     const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&theirs[j]));
@@ -226,9 +222,9 @@ __device__ void prefill(const SparseMlaParams& p) {
 
         // The exact logit of the max slot, its Q row from global memory (the Q tile may hold the
         // next item's).
-        const float exact_max = exact_logit_from_global<D>(p, work, scale, t, h_own, j_max, tig);
+        const float exact_max = exact_logit_from_global<D>(p, work, scale, it.t, h_own, j_max, tig);
         if (h_own < p.h_q && tig == 0)
-            write_max_lse(p, t, h_own, max_own, (wg ? ref[1] : ref[0]) + p_shift, wg ? total[1] : total[0], exact_max, own_empty);
+            write_max_lse(p, it.t, h_own, max_own, (wg ? ref[1] : ref[0]) + p_shift, wg ? total[1] : total[0], exact_max, own_empty);
     }
     bar_sync(kConsumersBar, Traits::kConsumerThreads);
     if (pending_empty) for (int h = 0; h < 2; ++h) bar_arrive(kV16EmptyBar0 + h, Traits::kThreads);
