@@ -250,8 +250,7 @@ __device__ inline float with_slot(float logit, uint32_t slot) {
 }
 
 // Byte offset of fp16 element (row, col) in a 1024-byte-aligned K-major tile of 64-column swizzle
-// atoms (GMMA's 128-byte swizzle: address bits 4-6 ^= bits 7-9). CuTe applies that swizzle to the
-// pointer, so a layout called on its own gives the offset without it.
+// atoms (GMMA's 128-byte swizzle: address bits 4-6 ^= bits 7-9).
 __device__ inline uint32_t sw128_byte(uint32_t row, uint32_t col) {
     return row * 128 + ((((col / 8) ^ (row % 8)) * 16) | (col % 8) * 2);
 }
