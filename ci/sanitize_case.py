@@ -17,7 +17,7 @@ dev = torch.device("cuda")
 MULTI_ITEM_SEEDS = 4
 # (d_qk, h_q, topk, s_q, seed, kernel, forced): forced runs the kernel, else it is the registry's choice
 cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", False),
-         (512, 40, 100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
+         (512, 70, 2100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
          (512, 40, 600, 300, 0, "dual", False)]
 cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
 cases += [(576, 70, 300, 140, 1, name, True) for name in _C.kernel_names()]
