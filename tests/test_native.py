@@ -2,6 +2,8 @@
 exception, never a crash or a write into its buffers; and it chooses the GPU kernel itself (the
 registry, kernels/registry.h), so no caller can pair a call with another d_qk's kernel."""
 
+import importlib.util
+import pathlib
 import re
 
 import numpy as np
@@ -92,6 +94,18 @@ def test_kernel_for(precision):
     for (h_q, topk), kernel in KERNEL_OF.items():
         assert _C.kernel_for(h_q, topk, precision) == kernel, (h_q, topk)
     assert {_C.kernel_for(h_q, topk, precision) for h_q, topk in KERNEL_OF} == set(names)
+
+
+def test_sanitize_configurations_name_the_registry_choice():
+    """ci/sanitize_case.py asserts which kernel each configuration runs only on a GPU: its table is
+    checked against the registry here, so that a change of the registry cannot leave it stale."""
+    path = pathlib.Path(__file__).parent.parent / "ci" / "sanitize_case.py"
+    spec = importlib.util.spec_from_file_location("sanitize_case", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for d_qk, h_q, topk, s_q, seed, kernel, forced in module.configurations(_C.kernel_names()):
+        if not forced:
+            assert _C.kernel_for(h_q, topk, "exact") == kernel, (h_q, topk, kernel)
 
 
 def test_kernel_for_default_precision():
