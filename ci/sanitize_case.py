@@ -16,13 +16,18 @@ def configurations(kernel_names):
     choice (tests/test_native.py checks that on the CPU, where this script cannot run)."""
     cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", False),
              (512, 70, 2100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
-             (512, 40, 600, 300, 0, "dual", False)]
+             (512, 40, 600, 300, 0, "dual", False), (512, 40, 600, 300, 0, "dual_fast", False)]
     cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
     cases += [(576, 70, 300, 140, 1, name, True) for name in kernel_names]
     cases += [(576, 1, 100, 300, 0, "narrow8", False), (512, 8, 640, 140, 0, "narrow8", False),
               (576, 5, 130, 140, 1, "narrow8", False), (512, 12, 640, 140, 0, "narrow16", False),
               (576, 17, 130, 140, 0, "narrow32", False), (512, 32, 64, 300, 1, "narrow32", False)]
     return cases
+
+
+def precision_of(kernel):
+    """the precision a configuration's call asks for: a fast kernel's (tests/test_native.py's table)"""
+    return "fast" if kernel.endswith("_fast") else "exact"
 
 
 def main(max_heads):
@@ -37,7 +42,7 @@ def main(max_heads):
         cases = [c for c in cases if c[1] <= max_heads]
     for d_qk, h_q, topk, s_q, seed, kernel, forced in cases:
         if not forced:
-            assert _C.kernel_for(h_q, topk, "exact") == kernel, (h_q, topk, kernel)
+            assert _C.kernel_for(h_q, topk, precision_of(kernel)) == kernel, (h_q, topk, kernel)
         torch.manual_seed(seed)
         s_kv = 200
         q = (torch.randn(s_q, h_q, d_qk, device=dev) * 1.5).to(torch.float8_e4m3fn)
@@ -48,7 +53,8 @@ def main(max_heads):
         topk_length[:3] = torch.tensor([topk, topk // 2, 0], dtype=torch.int32)
         sink = torch.randn(h_q, device=dev)
         out, max_logits, lse = sparse_mla_fp8.prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink,
-                                                      topk_length=topk_length, _force_kernel=kernel if forced else None)
+                                                      topk_length=topk_length, precision=precision_of(kernel),
+                                                      _force_kernel=kernel if forced else None)
         torch.cuda.synchronize()
         assert torch.isfinite(out.float()).all()
     print(f"sanitize case ran ({len(cases)} prefills; {', '.join(_C.kernel_names())} each forced once)")

@@ -21,14 +21,15 @@
 #include "sm90/split/config.h"
 #include "sm90/wide/config.h"
 
-// X(name) per kernel, in dispatch order. (Until fast kernels exist every kernel is an exact one and
-// takes both precisions.)
+// X(name) per kernel, in dispatch order. A fast kernel (named *_fast) takes only precision "fast" and
+// comes before the exact kernels that would take its calls; an exact kernel takes both precisions.
 #define SPARSE_MLA_SM90_KERNELS(X) \
     X(narrow8)                     \
     X(narrow16)                    \
     X(narrow32)                    \
     X(wide)                        \
     X(split)                       \
+    X(dual_fast)                   \
     X(dual)                        \
     X(fallback)
 
@@ -111,16 +112,16 @@ constexpr bool last_takes_every_call() {
     });
 }
 
-constexpr bool runs_some_call(int i) {
-    return !for_every_call([i](int64_t h_q, int64_t topk, Precision precision) {
-        return &kernel_for(h_q, topk, precision) != &kKernels[i];
-    });
-}
-
+// one pass over the calls, a bit per kernel that runs one (a pass per kernel passes the compilers'
+// limits on constant evaluation)
 constexpr bool every_kernel_runs_some_call() {
-    for (int i = 0; i < kNumKernels; ++i)
-        if (!runs_some_call(i)) return false;
-    return true;
+    static_assert(kNumKernels <= 32, "a bit per kernel");
+    uint32_t ran = 0;
+    for_every_call([&ran](int64_t h_q, int64_t topk, Precision precision) {
+        ran |= 1u << (&kernel_for(h_q, topk, precision) - kKernels);
+        return true;
+    });
+    return ran == (kNumKernels == 32 ? ~0u : (1u << kNumKernels) - 1);
 }
 
 static_assert(last_takes_every_call(), "the registry's last kernel must take every call");

@@ -8,16 +8,16 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import sparse_mla_fp8
 from harness import Backend
 
-# Every case of the shared suite runs on each framework and device; CUDA ones skip without a GPU that
-# has a compiled specialization, and torch/CuPy ones without those frameworks.
+# Every case of the shared suite runs on each framework and device, and on the GPU in both precisions
+# (the CPU path computes exactly in both); CUDA ones skip without a GPU that has a compiled
+# specialization, and torch/CuPy ones without those frameworks.
+PRECISIONS = ("exact", "fast")
 BACKENDS = [
     pytest.param(("numpy", "cpu"), id="numpy"),
     pytest.param(("torch-fp8", "cpu"), id="torch-fp8-cpu"),
     pytest.param(("torch-u8", "cpu"), id="torch-u8-cpu"),
-    pytest.param(("torch-fp8", "cuda"), id="torch-fp8-cuda", marks=pytest.mark.gpu),
-    pytest.param(("torch-u8", "cuda"), id="torch-u8-cuda", marks=pytest.mark.gpu),
-    pytest.param(("cupy", "cuda"), id="cupy-cuda", marks=pytest.mark.gpu),
-]
+] + [pytest.param((kind, "cuda", precision), id=f"{kind}-cuda-{precision}", marks=pytest.mark.gpu)
+     for kind in ("torch-fp8", "torch-u8", "cupy") for precision in PRECISIONS]
 
 
 def pytest_configure(config):

@@ -53,7 +53,7 @@ def test_torch_compile_fullgraph_cpu(kind, provide):
     if provide:
         for name, x in zip(("out", "max_logits", "lse"), got):
             assert x.data_ptr() == kw[name].data_ptr(), f"{name}: not the buffer passed"
-    assert_matches(results_numpy(backend, got), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, got), case.reference(), *backend.tolerances(case.precision))
     _assert_bitwise(got, _call(call_args(backend, case, provide)))
 
 
@@ -67,7 +67,7 @@ def test_torch_compile_sglang_entry_point_and_float_scales():
         case = awkward_case(seed_of("sglang", seed), scales_as_arrays=(False, False))
         case.q_scale, case.kv_scale = q_scale, kv_scale
         assert_matches(results_numpy(backend, compiled(call_args(backend, case, provide=False))),
-                       case.reference(), backend.tol)
+                       case.reference(), *backend.tolerances(case.precision))
 
 
 def test_torch_compile_refuses_at_trace_time():
@@ -88,7 +88,7 @@ def test_torch_compile_precision():
     torch._dynamo.reset()
     compiled = torch.compile(lambda kw, precision: _call({**kw, "precision": precision}), fullgraph=True)
     got = compiled(call_args(backend, case, provide=False), "fast")
-    assert_matches(results_numpy(backend, got), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, got), case.reference(), *backend.tolerances(case.precision))
     with pytest.raises(Exception, match=re.escape('precision must be "exact" or "fast", got ')):  # (dynamo wraps it)
         compiled(call_args(backend, case, provide=False), "bogus")
 
@@ -121,9 +121,10 @@ def test_torch_opcheck(kind, sink_and_lengths):
     torch.library.opcheck(_torch_op.prefill_op, args, test_utils=OPCHECK_TESTS[kind])
     torch.library.opcheck(_torch_op.prefill_into_op, args + buffers, test_utils=OPCHECK_TESTS[kind])
     # (opcheck runs the ops on copies of the arguments) through the dispatcher, as a compiled graph calls them
-    assert_matches(results_numpy(backend, _torch_op.prefill_op(*args)), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, _torch_op.prefill_op(*args)), case.reference(),
+                   *backend.tolerances(case.precision))
     _torch_op.prefill_into_op(*args, *buffers)
-    assert_matches(results_numpy(backend, buffers), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, buffers), case.reference(), *backend.tolerances(case.precision))
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -145,7 +146,7 @@ def test_torch_compile_fullgraph_cuda(provide, mode):
     want = _call(call_args(backend, case, provide))
     for _ in range(3):  # (reduce-overhead records its graph on a later call than the first)
         got = [x.clone() for x in compiled(call_args(backend, case, provide))]
-        assert_matches(results_numpy(backend, got), case.reference(), backend.tol)
+        assert_matches(results_numpy(backend, got), case.reference(), *backend.tolerances(case.precision))
         _assert_bitwise(got, want)
 
 
@@ -164,14 +165,14 @@ _FIRST_CALL_CAPTURED = textwrap.dedent("""
         result = invoke(kw)
     graph.replay()
     torch.cuda.synchronize()
-    assert_matches(results_numpy(backend, result), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, result), case.reference(), *backend.tolerances(case.precision))
     first = [x.clone() for x in result]
     new = random_case(13, 32, 2048, 64, {d_qk}, 256)  # in place: the replay reads the new values
     kw["q"].view(torch.uint8).copy_(torch.from_numpy(new.q))
     graph.replay()
     torch.cuda.synchronize()
     new.kv, new.indices, new.attn_sink = case.kv, case.indices, case.attn_sink
-    assert_matches(results_numpy(backend, result), new.reference(), backend.tol)
+    assert_matches(results_numpy(backend, result), new.reference(), *backend.tolerances(case.precision))
     print("captured first call: ok")
 """)
 

@@ -12,11 +12,20 @@ import pytest
 import sparse_mla_fp8
 from sparse_mla_fp8 import _C
 from sparse_mla_fp8._frameworks import export
+from conftest import PRECISIONS
 from harness import (INT_MAX, INT_MIN, STAT_TOL, Backend, assert_matches, assert_refused, call_args, dim,
                      dims_error, gpu_supported, invoke, random_case, results_numpy, run_and_check, seed_of, table_dims,
                      unaligned_kv, unaligned_q)
 
 KERNELS = _C.kernel_names()
+
+
+def _forced(case, kernel):
+    """case as a forced run of kernel checks it: in precision "fast" for a fast kernel (named *_fast:
+    test_native.py), against that precision's bounds."""
+    if kernel.endswith("_fast"):
+        case.precision = "fast"
+    return case
 
 torch = pytest.importorskip("torch")
 # each case is collected everywhere (a module-level skip would hide them from --collect-only) and skips
@@ -25,9 +34,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
                                                   reason="needs a CUDA GPU with a compiled specialization")]
 
 
-@pytest.fixture
-def cuda():
-    return Backend("torch-fp8", "cuda")
+@pytest.fixture(params=PRECISIONS)
+def cuda(request):
+    return Backend("torch-fp8", "cuda", request.param)
 
 
 def _many_tokens_case(seed, s_q, s_kv, h_q, d_qk, topk):
@@ -139,6 +148,22 @@ def test_exact_at_large_logits(h_q, topk, scales):
     assert_matches(got, case.reference(), backend.tol, np.maximum(STAT_TOL, 3e-5 * case.largest_abs_logit()))
 
 
+@pytest.mark.parametrize("spread", [0.05, 0.5, 2.0, 9.0])
+@pytest.mark.parametrize("h_q, topk", [(64, 600), (128, 2048), (16, 300)])
+def test_fast_at_logit_spreads(h_q, topk, spread):
+    """Precision "fast" within its bounds (out 2.5e-2, max_logits and lse 1e-2) whatever the logits'
+    spread (their standard deviation, set by sm_scale; the values are randn x 1.5), as CONTRACT.md
+    asks from 0.05 to 9, with a sink and short rows."""
+    d_qk = table_dims()[-1]
+    case = random_case(seed_of("spread", spread, h_q), 6, 4000, h_q, d_qk, topk)
+    case.sm_scale = spread / (1.5 ** 2 * d_qk ** 0.5)
+    rng = np.random.default_rng(5)
+    case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    case.topk_length = rng.integers(1, topk + 1, case.s_q).astype(np.int32)
+    case.precision = "fast"
+    run_and_check(Backend("torch-fp8", "cuda", "fast"), case)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("d_qk", table_dims())
 def test_every_kernel(cuda, d_qk, kernel):
@@ -147,7 +172,7 @@ def test_every_kernel(cuda, d_qk, kernel):
     tile, tokens with short and empty topk_length, invalid indices and a sink, and more items than
     SMs. The kernels the registry chooses are asserted per case above; this runs every
     one of them whatever it is chosen for."""
-    case = _items_case(seed_of("every kernel", d_qk, kernel), 200, 3000, 70, d_qk, 300)
+    case = _forced(_items_case(seed_of("every kernel", d_qk, kernel), 200, 3000, 70, d_qk, 300), kernel)
     run_and_check(cuda, case, force_kernel=kernel)
 
 
@@ -162,7 +187,8 @@ def test_native_launch_takes_the_fatbin_of_d_qk(cuda, d_qk):
     args += [export(kw[k]) for k in ("q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse")]
     _C.prefill(*args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    assert_matches(results_numpy(cuda, (kw["out"], kw["max_logits"], kw["lse"])), case.reference(), cuda.tol)
+    got = results_numpy(cuda, (kw["out"], kw["max_logits"], kw["lse"]))
+    assert_matches(got, case.reference(), *cuda.tolerances("exact"))  # _C.prefill's default precision
 
 
 @pytest.mark.parametrize("unaligned", [unaligned_q, unaligned_kv], ids=["q", "kv"])
@@ -171,7 +197,7 @@ def test_native_launch_takes_the_fatbin_of_d_qk(cuda, d_qk):
 def test_unaligned_rows(cuda, d_qk, kernel, unaligned):
     """q or kv rows off the 16-byte grid (params.rows_16b_aligned false): each kernel's byte copies,
     forced on a call like test_every_kernel's (fewer tokens: the layout is the point here)."""
-    case = _items_case(seed_of("unaligned", d_qk, kernel, unaligned.__name__), 40, 3000, 70, d_qk, 300)
+    case = _forced(_items_case(seed_of("unaligned", d_qk, kernel, unaligned.__name__), 40, 3000, 70, d_qk, 300), kernel)
     unaligned(case)
     kw = call_args(cuda, case)
     assert cuda.address(kw["q"]) % 16 or cuda.address(kw["kv"]) % 16, "the layout reached the GPU aligned"
@@ -220,7 +246,7 @@ def test_stream(cuda, how):
     if STREAMS[how] is not None:
         result = invoke({**kw, "stream": STREAMS[how](side)})
     side.synchronize()
-    assert_matches(results_numpy(cuda, result), case.reference(), cuda.tol)
+    assert_matches(results_numpy(cuda, result), case.reference(), *cuda.tolerances(case.precision))
 
 
 _SPIN_THEN_COPY = r"""
@@ -250,7 +276,7 @@ def test_cupy_current_stream():
         spin((1,), (256,), (good_q, q, np.int64(q.size), np.int64(100_000_000)))  # some 50 ms
         result = invoke(kw)
     side.synchronize()
-    assert_matches(results_numpy(backend, result), case.reference(), backend.tol)
+    assert_matches(results_numpy(backend, result), case.reference(), *backend.tolerances(case.precision))
 
 
 MIXED = {  # one array on the CPU, the others on the GPU

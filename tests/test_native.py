@@ -86,14 +86,30 @@ KERNEL_OF = {
 }
 
 
+# where precision "fast" runs another kernel than KERNEL_OF's
+FAST_KERNEL_OF = {(64, 255): "dual_fast", (64, 256): "dual_fast", (33, 1023): "dual_fast", (33, 16): "dual_fast",
+                  (64, 1): "dual_fast"}
+
+
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 def test_kernel_for(precision):
-    """Until fast kernels exist, the exact kernels take both precisions."""
+    """The fast kernels come first for the calls they take; the exact kernels take the rest of both
+    precisions."""
     names = _C.kernel_names()
     assert names[-1] == "fallback" and len(set(names)) == len(names), names
-    for (h_q, topk), kernel in KERNEL_OF.items():
+    table = {**KERNEL_OF, **FAST_KERNEL_OF} if precision == "fast" else KERNEL_OF
+    for (h_q, topk), kernel in table.items():
         assert _C.kernel_for(h_q, topk, precision) == kernel, (h_q, topk)
-    assert {_C.kernel_for(h_q, topk, precision) for h_q, topk in KERNEL_OF} == set(names)
+    assert set(KERNEL_OF.values()) | set(FAST_KERNEL_OF.values()) == set(names)
+
+
+def test_fast_kernels_are_named_so():
+    """A kernel that only precision "fast" runs is named *_fast (the GPU tests check a forced one
+    against that precision's bounds), and no other is."""
+    calls = [(h_q, topk) for h_q in range(1, 140) for topk in (1, 255, 256, 1023, 1024, 2048, 2049, 4096, 4097)]
+    exact = {_C.kernel_for(h_q, topk, "exact") for h_q, topk in calls}
+    fast = {_C.kernel_for(h_q, topk, "fast") for h_q, topk in calls}
+    assert fast - exact == {name for name in _C.kernel_names() if name.endswith("_fast")}
 
 
 def test_sanitize_configurations_name_the_registry_choice():
@@ -105,7 +121,7 @@ def test_sanitize_configurations_name_the_registry_choice():
     spec.loader.exec_module(module)
     for d_qk, h_q, topk, s_q, seed, kernel, forced in module.configurations(_C.kernel_names()):
         if not forced:
-            assert _C.kernel_for(h_q, topk, "exact") == kernel, (h_q, topk, kernel)
+            assert _C.kernel_for(h_q, topk, module.precision_of(kernel)) == kernel, (h_q, topk, kernel)
 
 
 def test_kernel_for_default_precision():

@@ -13,7 +13,18 @@ constexpr int kHeadsPerWg = 64;  // the heads of a consumer warpgroup, the M of 
 constexpr int kKStep = 32;       // K of one FP8 wgmma
 constexpr int kQkSets = 3;       // register sets of QK^T's per-K-step sums: two wgmmas run while one is added
 
+// The K steps that precision "fast" lets the tensor cores sum before a promotion: up to `most` (4:
+// 128 of d_qk, as DeepSeek-V3's FP8 GEMMs promote), whole sums, and more sums than kQkSets.
+constexpr int fast_steps_per_sum(int d_qk, int most = 4) {
+    int n = most;
+    while (n > 1 && (d_qk / kKStep % n != 0 || d_qk / kKStep / n <= kQkSets)) --n;
+    return n;
+}
+static_assert(fast_steps_per_sum(512) == 4 && fast_steps_per_sum(576) == 3, "d_qk 512: 4 sums of 4; 576: 6 of 3");
+
 constexpr int e4m3_tile_bytes(int d_qk) { return kSlotsPerTile * d_qk; }
+// precision "fast": V^T of a half tile (32 slots) in e4m3, the B of an FP8 P.V (device_helpers.cuh's VtTile)
+constexpr int kVtTileBytes = kSlotsPerTile / 2 * kDv;
 
 // The blocks of heads_per_cta heads that a token's h_q heads take: with the tokens, the work items.
 constexpr int64_t head_blocks(int64_t h_q, int64_t heads_per_cta) { return (h_q + heads_per_cta - 1) / heads_per_cta; }

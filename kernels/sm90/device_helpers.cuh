@@ -28,7 +28,19 @@ template <int kSlots>
 using V16Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<cute::half_t>{},
                                              cute::Shape<cute::Int<kDv>, cute::Int<kSlots>>{},
                                              cute::Step<cute::_2, cute::_1>{}));
+// precision "fast": the e4m3 V^T of kSlots slots, (d_v, slot) with the slots contiguous, in 32-byte
+// swizzle atoms: the K-major B of an FP8 P.V, its K in p_slot order.
+template <int kSlots>
+using VtTile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<cute::float_e4m3_t>{},
+                                            cute::Shape<cute::Int<kDv>, cute::Int<kSlots>>{}));
 static_assert(E4m3Tile<kSlotsPerTile, kDv>{}(0, 64) == kSlotsPerTile * 64, "64-byte atom columns of an e4m3 tile");
+
+// The slot at K position k (< 32) of an FP8 P.V whose e4m3 P (the A, from registers) a thread makes
+// from its own m64n32 S accumulator: A register j holds K positions 4 tig .. 4 tig + 3 (+ 16 for j >= 2)
+// where the accumulator holds slots 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (+ 16); V^T is stored in
+// this order, so that P needs no shuffle (FlashAttention-3 permutes P's registers instead).
+__host__ __device__ constexpr int p_slot(int k) { return 16 * (k / 16) + 2 * (k % 16 / 4) + k % 2 + 8 * (k % 4 / 2); }
+static_assert(p_slot(0) == 0 && p_slot(2) == 8 && p_slot(5) == 3 && p_slot(19) == 25 && p_slot(31) == 31, "P's K order");
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -64,16 +76,19 @@ __device__ inline void wgmma_ss(uint64_t desc_a, uint64_t desc_b, Acc& d, cute::
     Op::fma(desc_a, desc_b, d[I]..., scale);
 }
 
-// A K step of an e4m3 tile's wgmma descriptor (Q or a landing tile): it moves only the start
-// address, in the descriptor's low word (addresses >> 4 < 2^14: no carry); the high word stays.
-// (kRows: the tile's rows, 64 heads or kSlotsPerTile slots, or a 32-slot tile's.)
+// A wgmma descriptor moved by `bytes` in shared memory: only the start address moves, in the
+// descriptor's low word (addresses >> 4 < 2^14: no carry); the high word stays.
+__device__ inline uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(static_cast<uint32_t>(desc) + bytes / 16), "r"(static_cast<uint32_t>(desc >> 32)));
+    return d;
+}
+
+// A K step of an e4m3 tile's wgmma descriptor (Q or a landing tile). (kRows: the tile's rows, 64
+// heads or kSlotsPerTile slots, or a 32-slot tile's.)
 template <int D, int kRows>
 __device__ inline uint64_t at_k_step(uint64_t desc, int ks) {
-    uint64_t d;
-    asm("mov.b64 %0, {%1, %2};" : "=l"(d)
-        : "r"(static_cast<uint32_t>(desc) + static_cast<uint32_t>(E4m3Tile<kRows, D>{}(0, ks * kKStep) / 16)),
-          "r"(static_cast<uint32_t>(desc >> 32)));
-    return d;
+    return desc_plus(desc, static_cast<uint32_t>(E4m3Tile<kRows, D>{}(0, ks * kKStep)));
 }
 
 // What qk_promoted issues inside its K steps when the P.V before it is waited for whole: nothing.
@@ -83,21 +98,26 @@ struct NoPvPiece {
 
 // S = Q K^T of 64 heads x 32 slots over all of d_qk by FP8 wgmma (m64n32k32), promoted per K step:
 // each step's wgmma starts from zero into one of kQkSets register sets and is added into s in fp32
-// while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). The P.V before it
-// takes one of two ways:
+// while the next two run (the tensor cores keep only ~14 bits of a sum; PERF.md). Precision "fast"
+// lets the tensor cores sum kStepsPerSum K steps before each promotion (CONTRACT.md); below, a "K
+// step" is then such a sum. The P.V before it takes one of two ways:
 //   - kPvPieces == 0: it was issued whole, before. after_wait() runs at the third K step, after a
 //     wait for every wgmma of the warpgroup, so also for that P.V (ptxas serializes the wgmmas when
 //     a P.V issued whole is waited for with a partial count);
-//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 2,
+//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 2
+//     (of sum 2 i + 1 with sums of two K steps: the one placement of 1-2 sums apart, from the first
+//     or second sum, where ptxas does not serialize the wgmmas (C7515); not with sums of 4),
 //     where it keeps the tensor cores busy between K steps instead of holding the first K steps back
 //     (PERF-HISTORY.md, v22; ptxas serializes every wgmma for some other steps). after_wait() runs once the
 //     wait of a K step has covered the last piece.
 // kKRows: the rows of the tile that k_desc names (Q has 64).
-template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kAcc, class AfterWait, class PvPiece = NoPvPiece>
+template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kStepsPerSum = 1, int kAcc, class AfterWait,
+          class PvPiece = NoPvPiece>
 __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait,
                                    PvPiece pv_piece = {}) {
-    constexpr int kKSteps = D / kKStep;
-    constexpr int kPvPieceStride = 4, kPvFirstStep = 2;
+    static_assert(D / kKStep % kStepsPerSum == 0, "whole sums of K steps");
+    constexpr int kKSteps = D / kKStep / kStepsPerSum;
+    constexpr int kPvPieceStride = kStepsPerSum == 1 ? 4 : 2, kPvFirstStep = kStepsPerSum == 1 ? 2 : 1;
     // the K step whose wait (two steps on) covers the last piece, or the third
     constexpr int kAfterWaitStep = kPvPieces == 0 ? 2 : kPvPieceStride * (kPvPieces - 1) + kPvFirstStep + 2;
     static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
@@ -107,8 +127,11 @@ __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[
         CUTE_UNROLL
         for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(part[ks % kQkSets][i]);
         cute::warpgroup_arrive();
-        wgmma_ss<MmaQK>(at_k_step<D, kHeadsPerWg>(q_desc, ks), at_k_step<D, kKRows>(k_desc, ks), part[ks % kQkSets],
-                        cute::GMMA::ScaleOut::Zero, std::make_index_sequence<kAcc>{});
+        CUTE_UNROLL
+        for (int k = kStepsPerSum * ks; k < kStepsPerSum * (ks + 1); ++k)
+            wgmma_ss<MmaQK>(at_k_step<D, kHeadsPerWg>(q_desc, k), at_k_step<D, kKRows>(k_desc, k), part[ks % kQkSets],
+                            k == kStepsPerSum * ks ? cute::GMMA::ScaleOut::Zero : cute::GMMA::ScaleOut::One,
+                            std::make_index_sequence<kAcc>{});
         if (ks % kPvPieceStride == kPvFirstStep && ks / kPvPieceStride < kPvPieces) pv_piece(ks / kPvPieceStride);
         cute::warpgroup_commit_batch();
     };
@@ -179,7 +202,47 @@ __device__ inline void bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// mbarriers: a thread's arrival (release), one once its cp.async copies so far have landed, and a
+// wait for a phase (acquire).
+__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ inline void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ inline void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// (the arrival is one of the count: .noinc)
+__device__ inline void mbar_arrive_on_copies(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n wait:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra wait;\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
 // Generic-proxy writes to shared memory (st.shared, cp.async) before wgmma reads them.
+// Four 8 x 8 matrices of b16 from shared memory (ldmatrix): lane l gives the address of row l % 8 of
+// matrix l / 8; register j receives elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix
+// j, the first in the low half; transposed (.trans), elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// Four 8 x 8 matrices of b16 into shared memory (stmatrix): lane l gives the address of row l % 8 of
+// matrix l / 8; register j of lane l goes to elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1)
+// of matrix j.
+__device__ inline void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 __device__ inline void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Four e4m3 to two half2 (bytes 0-1, then 2-3). The conversions take the word's halves as 16-bit

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math_constants.h>
 #include <stdint.h>
 
@@ -67,6 +68,41 @@ struct PvOperandB {
     }
 };
 
+// Precision "fast": O += P V on FP8 tensor cores, P (e4m3, A) from registers, V^T (VtTiles of 32
+// slots) from shared memory, O in f16: an m64n256k32 wgmma per half tile and 256-column half of O.
+using MmaPvE4m3 = cute::SM90::GMMA::MMA_64x256x32_F16E4M3E4M3_RS_TN<>;
+
+template <size_t... I>
+__device__ inline void wgmma_pv_e4m3(const uint32_t (&a)[4], uint64_t desc_b, uint32_t (&d)[64], std::index_sequence<I...>) {
+    MmaPvE4m3::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., cute::GMMA::ScaleOut::One);
+}
+
+// That P.V's B: the wgmma descriptor of the VtTile (32 slots) at vt, O's first 256 columns; O's
+// second 256 are 8 KB on, and VtTiles follow each other 16 KB apart (desc_plus).
+__device__ inline uint64_t vt_descriptor(uint8_t* vt, int wg_tid) {
+    using namespace cute;
+    Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(vt)), VtTile<kSlotsPerTile / 2>{});
+    return static_cast<uint64_t>(make_tiled_mma(MmaPvE4m3{}).get_thread_slice(wg_tid).partition_fragment_B(
+        local_tile(sVt, Shape<_256, Int<kSlotsPerTile / 2>>{}, make_coord(0, 0)))(0, 0, 0));
+}
+constexpr uint32_t kVtHalfOBytes = 256 * kKStep;
+static_assert(VtTile<kSlotsPerTile / 2>{}(256, 0) == kVtHalfOBytes, "O's 256-column halves of a VtTile, 8 KB apart");
+
+// O += P V over kHalves half tiles (their VtTiles from vt_desc on, P in an A fragment each), two
+// m64n256k32 wgmmas each, into the caller's commit group.
+template <int kHalves>
+__device__ inline void pv_e4m3(const uint32_t (&pa)[kHalves][4], uint64_t vt_desc, F16O& o) {
+    CUTE_UNROLL
+    for (int h = 0; h < kHalves; ++h)
+        CUTE_UNROLL
+        for (int n = 0; n < 2; ++n) {
+            CUTE_UNROLL
+            for (int j = 0; j < 64; ++j) cute::warpgroup_fence_operand(o[n][j]);
+            wgmma_pv_e4m3(pa[h], desc_plus(vt_desc, h * kVtTileBytes + n * kVtHalfOBytes), o[n],
+                          std::make_index_sequence<64>{});
+        }
+}
+
 // P.V of a half tile is kPvPieces wgmmas: its two k16 chunks of slots times O's two 256-column halves.
 constexpr int kPvPieces = 4;
 
@@ -112,10 +148,10 @@ struct SoftmaxRows {
         }
     }
     // S of half tile h of tile `tile` (element i is slot 32 h + acc_col(i); `valid` the half's
-    // validity word) into P in fp16 pairs, scaled by 2^-p_shift.
-    template <int kAcc>
-    __device__ void softmax_half(float (&s)[kAcc], uint32_t valid, int h, int tile, int tig, float logit_scale,
-                                 float p_shift, F16O& o, uint32_t (&pr)[kAcc / 2]) {
+    // validity bits, from its slot 0: a word, or more for S of a whole tile, h 0) as base-2 logits
+    // with their slots (invalid slots -inf), into the running max.
+    template <int kAcc, class Valid>
+    __device__ void take_half(float (&s)[kAcc], Valid valid, int h, int tile, int tig, float logit_scale) {
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
         valid >>= 2 * tig;
         CUTE_UNROLL
@@ -130,6 +166,12 @@ struct SoftmaxRows {
             if (new_max > max[r]) max_tile[r] = tile;
             max[r] = new_max;
         }
+    }
+    // The half tile's S (take_half's) into P in fp16 pairs, scaled by 2^-p_shift.
+    template <int kAcc>
+    __device__ void softmax_half(float (&s)[kAcc], uint32_t valid, int h, int tile, int tig, float logit_scale,
+                                 float p_shift, F16O& o, uint32_t (&pr)[kAcc / 2]) {
+        take_half(s, valid, h, tile, tig, logit_scale);
         follow_max(o);
         const float shift[2] = {(ref[0] == -CUDART_INF_F ? 0.f : ref[0]) + p_shift,
                                 (ref[1] == -CUDART_INF_F ? 0.f : ref[1]) + p_shift};
@@ -140,7 +182,77 @@ struct SoftmaxRows {
             pr[i / 2] = pack_half2(p0, p1);
         }
     }
+    // Precision "fast": S of kAcc / 16 half tiles (32 slots each, from half tile h of tile `tile`:
+    // element i is slot 32 h + acc_col(i); `valid` their validity bits) into P = 2^(s - ref) in fp32,
+    // in place, for e4m3_p.
+    // The reference is the running max less a whole e <= 8, so that the max's P is an exact power of
+    // two (a rounded one that dominates its row costs up to 5x SGLang's error) and small P keep their
+    // bits; e falls as the row's sum grows, so that O stays below f16's 65504 even were every slot
+    // of these half tiles at the max with V at 448 (a static scale from topk loses up to all of out at
+    // topk 2048). Where a row's reference moves, O's row is to be rescaled by alpha[r] (the caller
+    // does it, once no P.V runs on O; 1 where it stays); returns whether some row of the warp moved.
+    // The sums are of P before its rounding. (PERF.md: the float64 simulation behind each choice; at
+    // SGLang's error, 0.98-1.09x of it, at topk 128-2048.)
+    template <int kAcc, class Valid>
+    __device__ bool softmax_e4m3(float (&s)[kAcc], Valid valid, int h, int tile, int tig, float logit_scale,
+                                 float (&alpha)[2]) {
+        static_assert(kAcc % 16 == 0, "whole half tiles: the A of k32 steps");
+        static_assert(sizeof(Valid) * 8 >= 2 * kAcc, "a validity bit per slot");
+        constexpr float kMaxPBits = 8.f;  // 2^8 <= e4m3's 448
+        // the rows' sum that O may reach: 65504 / 448, less P's rounding (RN, 2^-4) and a margin
+        constexpr float kOBudget = 65504.f / (448.f * 1.07f);
+        constexpr float kSlots = 2 * kAcc;  // of a row, in these half tiles
+        take_half(s, valid, h, tile, tig, logit_scale);
+        bool behind = false;
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float row_sum = quad_sum(sum[r]);  // relative to 2^ref
+            alpha[r] = 1.f;
+            if (max[r] == -CUDART_INF_F) continue;
+            const float l = ref[r] == -CUDART_INF_F ? 0.f : row_sum * exp2f(ref[r] - max[r]);  // relative to 2^max
+            const float need = max[r] - fminf(kMaxPBits, floorf(log2f(kOBudget / (l + kSlots))));
+            if (need == ref[r]) continue;
+            alpha[r] = ref[r] == -CUDART_INF_F ? 0.f : exp2f(ref[r] - need);
+            ref[r] = need;
+            sum[r] *= alpha[r];
+            behind = true;
+        }
+        const float shift[2] = {ref[0] == -CUDART_INF_F ? 0.f : ref[0], ref[1] == -CUDART_INF_F ? 0.f : ref[1]};
+        CUTE_UNROLL
+        for (int i = 0; i < kAcc; ++i) {
+            s[i] = exp2f(s[i] - shift[acc_row(i)]);
+            sum[acc_row(i)] += s[i];
+        }
+        return __any_sync(0xffffffffu, behind);
+    }
 };
+
+// Precision "fast": O's rows rescaled as softmax_e4m3 asks (moved: its answer).
+__device__ inline void follow_ref(F16O& o, bool moved, const float (&alpha)[2]) {
+    if (!moved) return;
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+        if (alpha[r] != 1.f) scale_f16_row(o, r, alpha[r]);
+}
+
+// Precision "fast": softmax_e4m3's P of kAcc / 16 half tiles in e4m3, the A fragments of FP8 P.V (one
+// per half tile, register j: rows j % 2, K positions 16 (j / 2) + 4 tig .. + 3 in p_slot order, i.e.
+// elements i, i + 1, i + 4, i + 5 of the accumulator, i = 8 (j / 2) + 2 (j % 2)).
+template <int kAcc>
+__device__ inline void e4m3_p(const float (&p)[kAcc], uint32_t (&pa)[kAcc / 16][4]) {
+    auto e4m3x4 = [](float a, float b, float c, float d) {
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+        return lo | hi << 16;
+    };
+    CUTE_UNROLL
+    for (int h = 0; h < kAcc / 16; ++h)
+        CUTE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+            const int i = 16 * h + 8 * (j / 2) + 2 * (j % 2);
+            pa[h][j] = e4m3x4(p[i], p[i + 1], p[i + 4], p[i + 5]);
+        }
+}
 
 // P's scale 2^-p_shift for a warpgroup that sums up to `slots` slots: |O| <= slots x 2^kSlack x
 // 2^-p_shift x 448 stays below f16's 65504.
@@ -153,8 +265,9 @@ __device__ inline float p_shift_for(int64_t slots) {
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
 // of this thread) in f16: out, then max_logits and lse. The exact max reads its Q rows from q_tile,
 // the item's Q tile (an E4m3Tile), which the caller keeps until then (one fewer round trip
-// than global memory, no registers: PERF-HISTORY.md, v19).
-template <int D>
+// than global memory, no registers: PERF-HISTORY.md, v19). Under precision "fast" (kExactMax false)
+// max_logits is the running max as the tensor cores summed it, and nothing is recomputed.
+template <int D, bool kExactMax = true>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
                                   int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,
                                   const F16O& o, float p_shift, int row0, int tig, const uint8_t* q_tile) {
@@ -168,7 +281,7 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
     for (int r = 0; r < 2; ++r) {
         sum[r] = quad_sum(rows.sum[r]);  // in units of 2^-p_shift
         j_max[r] = -1;
-        if (head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F)
+        if (kExactMax && head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F)
             j_max[r] = max_index(rows.max[r], rows.max_tile[r], n_slots, idx_row);
     }
     CUTE_UNROLL
@@ -183,6 +296,16 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
             const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
             return bf16x2(x.x * o_scale, x.y * o_scale);
         });
+    }
+    if constexpr (!kExactMax) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int64_t h = head0 + row0 + 8 * r;
+            if (h < p.h_q && tig == 0)
+                write_max_lse(p, t, h, rows.max[r], rows.ref[r] + p_shift, sum[r], rows.max[r] * kLn2,
+                              rows.max[r] == -CUDART_INF_F);
+        }
+        return;
     }
     // both rows' loads at once (O's registers are free now), the quad splitting d_qk; the
     // alignment is decided once, not per chunk (a branch per chunk kept the rows' loads apart).

@@ -138,6 +138,42 @@ __device__ inline void convert_row_v(const uint8_t* src, uint8_t* lo, uint8_t* h
     }
 }
 
+// Precision "fast": V of 32 rows of an e4m3 landing tile (rows row0 .. row0 + 31 of a tile of kRows
+// rows) transposed into an e4m3 V^T tile of 32 slots (a VtTile), its slots in p_slot order, by the
+// 128 threads of a producer warpgroup (thread t). Warp w takes V's 16-byte chunks c = w, w + 4, ...,
+// each by one ldmatrix.trans, four byte permutes and one stmatrix a lane. The four loaded matrices
+// are the landing rows (chunk c) of K positions 4 q + {0, 1} (matrix 0) and 4 q + {2, 3} (matrix 1),
+// q < 4, and the same + 16 (matrices 2 and 3): lane l then holds columns 2 (l / 4) and + 1 of four
+// consecutive K positions from 4 (l % 4) on, which the permutes make into one word per column, the
+// four words of the V^T rows that stmatrix writes. Lanes 16..31 put their odd column first, so that
+// the 8 rows of each stored matrix fall on 32 banks, as those of each loaded one do
+// (ci/models/transpose_banks.py models it all). Every row must have landed for every thread (the
+// rows are other threads' copies).
+template <int kRows>
+__device__ inline void transpose_v_half(const uint8_t* landing, int row0, uint8_t* vt, int t) {
+    // VtTile's offsets (the swizzle applied, in elements) are bytes because its elements are
+    static_assert(sizeof(cute::float_e4m3_t) == 1, "VtTile offsets in bytes");
+    using Vt = VtTile<kSlotsPerTile / 2>;
+    constexpr int kWarps = 4, kChunks = kDv / 16;
+    // one chunk on: 64 V^T rows, and the landing tile's next atom column (c % 4 stays the warp)
+    static_assert(Vt{}(64, 0) == 64 * 32 && Vt{}(64 + 4, 16) == Vt{}(4, 16) + 64 * 32, "V^T rows of 32 bytes");
+    const int warp = t / 32, l = t % 32, m = l / 8, i = l % 8;
+    const uint32_t src = smem_u32(landing) + sw64_chunk(row0 + p_slot(16 * (m / 2) + 4 * (i / 2) + 2 * (m % 2) + i % 2), warp, kRows);
+    const uint32_t dst = smem_u32(vt) + Vt{}(16 * warp + 2 * i + ((i / 4) ^ (m % 2)), 16 * (m / 2));
+    const bool odd_first = l / 16;
+    const uint32_t first = odd_first ? 0x7531 : 0x6420, second = odd_first ? 0x6420 : 0x7531;
+#pragma unroll
+    for (int n = 0; n < kChunks / kWarps; ++n) {
+        uint32_t r[4], cols[4];
+        ldmatrix_x4_trans(r, src + n * kRows * 64);
+        cols[0] = __byte_perm(r[0], r[1], first);
+        cols[1] = __byte_perm(r[0], r[1], second);
+        cols[2] = __byte_perm(r[2], r[3], first);
+        cols[3] = __byte_perm(r[2], r[3], second);
+        stmatrix_x4(dst + n * 64 * 32, cols);
+    }
+}
+
 // A producer's place in its CTA's sequence of units across its items, in the order the consumers take
 // them: a unit is a tile of kSlotsPerTile slots (kUnitsPerTile 1) or a part of one (the dual kernel's
 // half tiles); an item has kUnitsPerTile units per tile of its slots.

@@ -27,7 +27,7 @@ constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + landi
 // that the split kernel does not, up to where its f16 O (the wide kernel's) is accurate enough. At
 // short rows too: there the per-item end is the kernel, and two CTAs per SM hide part of it (faster
 // than the fallback kernel at every short topk measured: PERF.md). (An exact kernel:
-// it takes both precisions until fast kernels exist.) Two CTAs per SM, so that while one CTA runs
+// it takes both precisions, after dual_fast has taken fast's.) Two CTAs per SM, so that while one CTA runs
 // its epilogue the other's wgmmas run: 65536 registers / 2 / 128 = 256 per consumer and producer
 // thread pair.
 struct Traits : WarpgroupRoles<1, 2, 40, 216> {
@@ -43,3 +43,15 @@ static_assert(Traits::kCtasPerSm * (Traits::smem_bytes(512) + 1024) <= 228 * 102
               "an SM's shared memory");
 
 }  // namespace sparse_mla::sm90::dual
+
+namespace sparse_mla::sm90::dual_fast {
+
+// The dual kernel under precision "fast" (dual::prefill's kFast): the calls the dual kernel takes,
+// in that precision; before it in the registry.
+struct Traits : dual::Traits {
+    static constexpr bool takes(int64_t h_q, int64_t topk, Precision precision) {
+        return precision == Precision::fast && dual::Traits::takes(h_q, topk, precision);
+    }
+};
+
+}  // namespace sparse_mla::sm90::dual_fast

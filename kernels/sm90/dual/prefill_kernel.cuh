@@ -17,6 +17,9 @@
 //      O += P V in f16;
 //   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly
 //      (its Q rows from the Q tile; the next item's Q loads after).
+// Under precision "fast" (dual_fast) QK^T's tensor-core sums run over several K steps, the producer
+// transposes V into an e4m3 V^T tile instead of converting it, P is e4m3 and P.V an FP8 wgmma
+// (m64n256k32) into the same f16 O, and max_logits and lse come from the running max.
 // The grid is persistent (Traits::kCtasPerSm CTAs per SM, items taken in turn).
 #pragma once
 
@@ -44,14 +47,15 @@ enum Barrier : int {
     kLandingEmptyBar0 = kLandingFullBar0 + kMaxLandingBuffers,  // + landing buffer
     kV16FullBar = kLandingEmptyBar0 + kMaxLandingBuffers,
     kV16EmptyBar,
-    kQBar,  // the consumer's own: Q landed
+    kQBar,          // the consumer's own: Q landed
+    kProducersBar,  // the producer's own (fast: a half tile landed, from every thread)
 };
-static_assert(kQBar < 16, "sm_90 has 16 named barriers");
+static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 
 // The producer warpgroup: the CTA's half tiles in order across its items, each gathered into the
 // ring two ahead of QK^T, then its V converted into the fp16 half tile. A thread owns one row of a
 // half tile and in it the 16-byte chunks part + 4 m: one swizzle atom column apart in both tiles.
-template <int D>
+template <int D, bool kFast>
 __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Traits::kProducerRegisters));
     constexpr int kBuffers = landing_buffers(D);
@@ -132,7 +136,13 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
             announce(c);
         }
         if (c >= 1) bar_sync(kV16EmptyBar, Traits::kThreads);  // P.V of c - 1 has read the fp16 half tile
-        convert_v(buffer);
+        if constexpr (kFast) {
+            // a thread transposes rows that others gathered: each has waited for its own copies
+            bar_sync(kProducersBar, Traits::kProducerThreads);
+            transpose_v_half<kHalfSlots>(landing0 + buffer * half_tile_bytes(D), 0, v16, ptid);
+        } else {
+            convert_v(buffer);  // only the chunks this thread gathered
+        }
         fence_for_tensor_cores();
         bar_arrive(kV16FullBar, Traits::kThreads);
         if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, Traits::kThreads);  // QK^T of c - 1 done
@@ -144,7 +154,10 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
     }
 }
 
-template <int D>
+// kFast: precision "fast" (dual_fast): QK^T's tensor-core sums over several K steps, max_logits
+// and lse from the running max, and the next item's Q loaded as soon as the last QK^T has read this
+// one's (nothing reads it at the item's end).
+template <int D, bool kFast = false>
 __device__ void prefill(const SparseMlaParams& p) {
     using namespace cute;
     constexpr int kAcc = kHeadsPerCta * kHalfSlots / kWarpgroupThreads;  // S values of a thread
@@ -160,7 +173,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     const Scales scale(p);
 
     if (tid >= Traits::kConsumerThreads) {
-        produce_half_tiles<D>(p, work, smem);
+        produce_half_tiles<D, kFast>(p, work, smem);
         return;
     }
 
@@ -175,13 +188,18 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     const uint64_t q_desc = q_descriptor<D>(q_tile, tid);
     const uint64_t k_desc0 = k_descriptor<D, kHalfSlots>(landing0, 0, tid);
-    const PvOperandB v_b(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});
+    const auto v_b = [&] {
+        if constexpr (kFast) return vt_descriptor(v16, tid);
+        else return PvOperandB(v16, tid, std::integral_constant<int, D>{}, std::integral_constant<int, kHalfSlots>{});
+    }();
 
     // O of the 64 heads x 512 columns in f16; P scaled by 2^-p_shift (from topk) so that O stays
     // below f16's 65504.
     F16O o;
-    const float p_shift = p_shift_for(p.topk);
-    uint32_t pr[2][8];  // P of the half tile before (its P.V may still read it) and this one
+    // (fast: P's scale follows the row sum instead: SoftmaxRows::softmax_e4m3)
+    const float p_shift = kFast ? 0.f : p_shift_for(p.topk);
+    // P of the half tile before (its P.V may still read it) and this one: fp16 pairs, or (fast) e4m3
+    uint32_t pr[2][8], pa[2][1][4];
     SoftmaxRows rows;
 
     int cta_half = 0;  // this CTA's half tiles so far, across items: names the landing buffer
@@ -199,27 +217,58 @@ __device__ void prefill(const SparseMlaParams& p) {
                 const bool lane_valid = work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * h + lane);
                 bar_sync(kLandingFullBar0 + buffer, Traits::kThreads);
                 float s[kAcc] = {};
-                qk_promoted<D, kHalfSlots>(q_desc, k_desc0 + static_cast<uint64_t>(buffer * half_tile_bytes(D) / 16), s, [&] {
+                const uint64_t k_desc = k_desc0 + static_cast<uint64_t>(buffer * half_tile_bytes(D) / 16);
+                auto pv_before_done = [&] {
                     // the previous half tile's P.V, issued last, is done now: the fp16 half tile is free
                     each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
                     if (tile > 0 || h > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
-                });
+                };
+                qk_promoted<D, kHalfSlots, 0, kFast ? fast_steps_per_sum(D) : 1>(q_desc, k_desc, s, pv_before_done);
                 bar_arrive(kLandingEmptyBar0 + buffer, Traits::kThreads);
 
                 // online softmax, base 2, on the half tile's 32 slots
-                rows.softmax_half(s, __ballot_sync(0xffffffffu, lane_valid), h, tile, tig, scale.logit, p_shift, o, pr[h]);
+                const uint32_t valid = __ballot_sync(0xffffffffu, lane_valid);
+                if constexpr (kFast) {
+                    float alpha[2];
+                    follow_ref(o, rows.softmax_e4m3(s, valid, h, tile, tig, scale.logit, alpha), alpha);
+                    e4m3_p(s, pa[h]);
+                } else {
+                    rows.softmax_half(s, valid, h, tile, tig, scale.logit, p_shift, o, pr[h]);
+                }
 
                 bar_sync(kV16FullBar, Traits::kThreads);  // V of this half tile
-                pv_half(pr[h], v_b, 0, o);
+                if constexpr (kFast) {
+                    warpgroup_arrive();
+                    pv_e4m3(pa[h], v_b, o);
+                    warpgroup_commit_batch();
+                } else {
+                    pv_half(pr[h], v_b, 0, o);
+                }
             }
+        }
+        if constexpr (kFast) {
+            // under the last P.V: its QK^T was the last to read Q
+            bar_sync(kQBar, Traits::kConsumerThreads);
+            if (more) load_q(item + gridDim.x);
         }
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile);
-        bar_sync(kQBar, Traits::kConsumerThreads);  // every row of Q read
-        if (more) load_q(item + gridDim.x);
+        write_item<D, !kFast>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile);
+        if constexpr (!kFast) {
+            bar_sync(kQBar, Traits::kConsumerThreads);  // every row of Q read
+            if (more) load_q(item + gridDim.x);
+        }
     }
 }
 
 }  // namespace sparse_mla::sm90::dual
+
+namespace sparse_mla::sm90::dual_fast {
+
+template <int D>
+__device__ void prefill(const SparseMlaParams& p) {
+    dual::prefill<D, true>(p);
+}
+
+}  // namespace sparse_mla::sm90::dual_fast

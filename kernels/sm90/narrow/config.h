@@ -74,7 +74,7 @@ struct Layout {
 
 // The registry's entries (kernels/registry.h), first in its list: 8 heads as the MMA's N take
 // h_q <= 8, one M tile h_q <= 16, two h_q <= 32; O in fp32, so any topk. (An exact kernel: it
-// takes both precisions until fast kernels exist.)
+// takes both precisions.)
 template <int kHeads>
 struct Traits {
     static constexpr int kThreads = Shape<kHeads>::kThreads;

@@ -12,25 +12,6 @@
 
 namespace sparse_mla::sm90::narrow {
 
-__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ inline void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ inline void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-// arrives once this thread's cp.async copies so far have landed (the arrival is one of the count)
-__device__ inline void mbar_arrive_on_copies(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n wait:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra wait;\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
 // The ring's mbarriers: a tile's full (the producer's 32 lanes arrive when its copies land) and empty
 // (every consumer thread arrives when it has read the tile), and the same pair for the Q tile.
 template <int kBuffers>

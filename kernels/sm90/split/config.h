@@ -40,7 +40,7 @@ struct Traits : WarpgroupRoles<2, 1, 48, 224> {
     static constexpr int kHeadsPerCta = split::kHeadsPerCta;
     static constexpr int smem_bytes(int d_qk) { return stats_smem_offset(d_qk) + kConsumerWarpgroups * kHeadsPerCta * 16; }
     // the calls with one block of 64 heads and from kMinTopk to kMaxTopk slots (an exact kernel: it
-    // takes both precisions until fast kernels exist)
+    // takes both precisions)
     static constexpr bool takes(int64_t h_q, int64_t topk, Precision) {
         return h_q <= kHeadsPerCta && topk >= kMinTopk && topk <= kMaxTopk;
     }
