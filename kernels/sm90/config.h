@@ -41,7 +41,13 @@ struct WarpgroupRoles {
     static constexpr int kCtasPerSm = kCtas;
     static constexpr int kProducerRegisters = kProducerRegs;
     static constexpr int kConsumerRegisters = kConsumerRegs;
-    static_assert(kCtas * (kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs) <= 65536, "an SM's registers");
+    // setmaxnreg only moves registers within what the launch gave the CTA: __launch_bounds__'s count
+    // per thread (65536 / (threads x CTAs per SM), down to a multiple of 8) for each of its threads.
+    // An increase past that pool waits forever (consumers 240 / producer 32 of a 384-thread CTA hung:
+    // 240 x 256 + 32 x 128 = 65536 > 168 x 384).
+    static constexpr int kLaunchRegisters = 65536 / (kCtas * kThreads) / 8 * 8;
+    static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegisters,
+                  "the roles' registers within the CTA's launch pool");
 };
 
 }  // namespace sparse_mla::sm90
