@@ -104,20 +104,19 @@ struct NoPvPiece {
 //   - kPvPieces == 0: it was issued whole, before. after_wait() runs at the third K step, after a
 //     wait for every wgmma of the warpgroup, so also for that P.V (ptxas serializes the wgmmas when
 //     a P.V issued whole is waited for with a partial count);
-//   - otherwise pv_piece(i) issues its wgmma i into the commit group of K step kPvPieceStride i + 2
-//     (of sum 2 i + 1 with sums of two K steps: the one placement of 1-2 sums apart, from the first
-//     or second sum, where ptxas does not serialize the wgmmas (C7515); not with sums of 4),
-//     where it keeps the tensor cores busy between K steps instead of holding the first K steps back
-//     (PERF-HISTORY.md, v22; ptxas serializes every wgmma for some other steps). after_wait() runs once the
-//     wait of a K step has covered the last piece.
+//   - otherwise (one K step per sum) pv_piece(i) issues its wgmma i into the commit group of K step
+//     kPvPieceStride i + 2, where it keeps the tensor cores busy between K steps instead of holding
+//     the first K steps back (PERF-HISTORY.md, v22; ptxas serializes every wgmma for some other
+//     steps). after_wait() runs once the wait of a K step has covered the last piece.
 // kKRows: the rows of the tile that k_desc names (Q has 64).
 template <int D, int kKRows = kSlotsPerTile, int kPvPieces = 0, int kStepsPerSum = 1, int kAcc, class AfterWait,
           class PvPiece = NoPvPiece>
 __device__ inline void qk_promoted(uint64_t q_desc, uint64_t k_desc, float (&s)[kAcc], AfterWait after_wait,
                                    PvPiece pv_piece = {}) {
     static_assert(D / kKStep % kStepsPerSum == 0, "whole sums of K steps");
+    static_assert(kPvPieces == 0 || kStepsPerSum == 1, "P.V pieces placed between single K steps only");
     constexpr int kKSteps = D / kKStep / kStepsPerSum;
-    constexpr int kPvPieceStride = kStepsPerSum == 1 ? 4 : 2, kPvFirstStep = kStepsPerSum == 1 ? 2 : 1;
+    constexpr int kPvPieceStride = 4, kPvFirstStep = 2;
     // the K step whose wait (two steps on) covers the last piece, or the third
     constexpr int kAfterWaitStep = kPvPieces == 0 ? 2 : kPvPieceStride * (kPvPieces - 1) + kPvFirstStep + 2;
     static_assert(kQkSets == 3 && kKSteps > kQkSets, "the waits below keep two K steps running");
@@ -223,7 +222,6 @@ __device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
         " @!done bra wait;\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
-// Generic-proxy writes to shared memory (st.shared, cp.async) before wgmma reads them.
 // Four 8 x 8 matrices of b16 from shared memory (ldmatrix): lane l gives the address of row l % 8 of
 // matrix l / 8; register j receives elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix
 // j, the first in the low half; transposed (.trans), elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
@@ -243,6 +241,7 @@ __device__ inline void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
                  "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+// Generic-proxy writes to shared memory (st.shared, cp.async) before wgmma reads them.
 __device__ inline void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Four e4m3 to two half2 (bytes 0-1, then 2-3). The conversions take the word's halves as 16-bit
