@@ -3,7 +3,7 @@ Each configuration names the kernel the registry runs it with (asserted), and ev
 registry also runs forced on one more. The 300- and 140-token configurations have more work items
 than SMs (the dual kernel's 300 more than its CTAs), so that CTAs of the persistent grid take
 several, some empty (token 2 has no slots, and CTA 2 takes token 134 after it); a hazard may show
-only in some orders of events, so the wide kernel's runs on several seeds. The narrow kernels run
+only in some orders of events, so the wide kernels' runs on several seeds. The narrow kernels run
 h_q 1, 5, 8 (heads as N), 12, 16 (one M tile of 16 heads), 17 and 32 (two), also on 140 and 300 tokens.
 `python3 ci/sanitize_case.py 32` runs only the configurations with h_q <= 32."""
 import sys
@@ -16,8 +16,10 @@ def configurations(kernel_names):
     choice (tests/test_native.py checks that on the CPU, where this script cannot run)."""
     cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", False),
              (512, 70, 2100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
-             (512, 40, 600, 300, 0, "dual", False), (512, 40, 600, 300, 0, "dual_fast", False)]
+             (512, 40, 600, 300, 0, "dual", False), (512, 40, 600, 300, 0, "dual_fast", False),
+             (576, 70, 300, 140, 2, "wide_fast", False)]
     cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
+    cases += [(512, 70, 200, 300, seed, "wide_fast", False) for seed in range(MULTI_ITEM_SEEDS // 2)]
     cases += [(576, 70, 300, 140, 1, name, True) for name in kernel_names]
     cases += [(576, 1, 100, 300, 0, "narrow8", False), (512, 8, 640, 140, 0, "narrow8", False),
               (576, 5, 130, 140, 1, "narrow8", False), (512, 12, 640, 140, 0, "narrow16", False),

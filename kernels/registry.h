@@ -20,6 +20,7 @@
 #include "sm90/narrow/config.h"
 #include "sm90/split/config.h"
 #include "sm90/wide/config.h"
+#include "sm90/wide_fast/config.h"
 
 // X(name) per kernel, in dispatch order. A fast kernel (named *_fast) takes only precision "fast" and
 // comes before the exact kernels that would take its calls; an exact kernel takes both precisions.
@@ -27,6 +28,7 @@
     X(narrow8)                     \
     X(narrow16)                    \
     X(narrow32)                    \
+    X(wide_fast)                   \
     X(wide)                        \
     X(split)                       \
     X(dual_fast)                   \

@@ -87,8 +87,8 @@ KERNEL_OF = {
 
 
 # where precision "fast" runs another kernel than KERNEL_OF's
-FAST_KERNEL_OF = {(64, 255): "dual_fast", (64, 256): "dual_fast", (33, 1023): "dual_fast", (33, 16): "dual_fast",
-                  (64, 1): "dual_fast"}
+FAST_KERNEL_OF = {(128, 2048): "wide_fast", (65, 1): "wide_fast", (64, 255): "dual_fast", (64, 256): "dual_fast",
+                  (33, 1023): "dual_fast", (33, 16): "dual_fast", (64, 1): "dual_fast"}
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])

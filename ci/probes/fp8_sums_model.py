@@ -75,7 +75,7 @@ CONFIGS = [
     ("exact kernels, compare.py's inputs", 128, 2048, 576, 2.25, 1, 1),
     ("exact kernels, q_scale x kv_scale 4", 128, 2048, 576, 9.0, 1, 1),
     ("exact, two K steps per sum, scales 4", 128, 2048, 576, 9.0, 2, 1),
-    ("one chain over d_qk (SGLang, wide_fast), compare.py's inputs", 128, 2048, 576, 2.25, 18, 0),
+    ("one chain over d_qk (SGLang), compare.py's inputs", 128, 2048, 576, 2.25, 18, 0),
     ("one chain over d_qk, spread 9", 64, 600, 576, 9.0, 18, 0),
     ("one chain over d_qk, spread 9, exact max", 64, 600, 576, 9.0, 18, 1),
     ("one chain (pair_fast, d_qk 512), spread 9", 64, 600, 512, 9.0, 16, 0),
@@ -83,6 +83,8 @@ CONFIGS = [
     ("4 K steps per sum, spread 9, exact max", 64, 600, 512, 9.0, 4, 1),
     ("3 K steps per sum (dual_fast, d_qk 576), spread 9, exact max", 64, 600, 576, 9.0, 3, 1),
     ("2 K steps per sum, spread 9", 64, 600, 512, 9.0, 2, 0),
+    ("two chains (wide_fast, d_qk 576: 9 K steps each), spread 9, exact max", 64, 600, 576, 9.0, 9, 1),
+    ("two chains (wide_fast, d_qk 512: 8 K steps each), spread 9, exact max", 64, 600, 512, 9.0, 8, 1),
 ]
 
 

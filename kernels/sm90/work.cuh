@@ -216,10 +216,14 @@ struct UnitCursor {
 // then take it from the indices); then its V converted to fp16 into the one fp16 tile, a half tile
 // (32 slots) at a time.
 // The consumers arrive on the named barrier landing_empty_bar0 + buffer once their QK^T has read a
-// landing tile; producers_bar is the producer's own. The rest is each kernel's: announce_landed(buffer)
-// tells the consumers that a tile landed, wait_v16_free(half) waits until their P.V has read that half
-// of the fp16 tile, announce_converted(half) tells them that it holds the next tile's V.
-template <class K, int D, int kBuffers, class Landed, class V16Free, class Converted>
+// landing tile; producers_bar is the producer's own. kVt (precision "fast"): V is transposed
+// into two e4m3 V^T half tiles (VtTiles of 32 slots, one after the other) instead. Tile i's V goes
+// into V tile i % kV16Buffers (kV16Buffers of them, one after the other at v16). The rest is each
+// kernel's: announce_landed(buffer) tells the consumers that a tile landed, wait_v16_free(i, half)
+// waits until their P.V has read that half of the V tile that tile i takes (that of tile i -
+// kV16Buffers), announce_converted(i, half) tells them that it holds tile i's V.
+template <class K, int D, int kBuffers, bool kVt = false, int kV16Buffers = 1, class Landed, class V16Free,
+          class Converted>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing0_tile, uint8_t* v16,
                         uint32_t (*slot_valid)[K::kConsumerWarpgroups], int landing_empty_bar0, int producers_bar,
                         Landed announce_landed, V16Free wait_v16_free, Converted announce_converted) {
@@ -320,15 +324,23 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         gather_next();
         bar_sync(producers_bar, K::kProducerThreads);  // tile landed, from every thread
         for (int half = 0; half < 2; ++half) {
-            if (tile >= 1) wait_v16_free(half);  // P.V of tile - 1 has read this half
-            convert_v(buffer, half);
+            if (tile >= kV16Buffers) wait_v16_free(tile, half);  // P.V of tile - kV16Buffers has read this half
+            if constexpr (kVt) {
+                uint8_t* vt = v16 + (2 * (tile % kV16Buffers) + half) * kVtTileBytes;
+                transpose_v_half<kSlotsPerTile>(landing(buffer), kHalfSlots * half, vt, ptid);
+            } else {
+                static_assert(kVt || kV16Buffers == 1, "one fp16 tile");
+                convert_v(buffer, half);
+            }
             fence_for_tensor_cores();
-            announce_converted(half);
+            announce_converted(tile, half);
         }
     }
     if (n_gathered >= 1) {
         bar_sync(landing_empty_bar0 + (n_gathered - 1) % kBuffers, K::kThreads);
-        for (int half = 0; half < 2; ++half) wait_v16_free(half);
+        // the P.V of the last tiles
+        for (int tile = n_gathered > kV16Buffers ? n_gathered : kV16Buffers; tile < n_gathered + kV16Buffers; ++tile)
+            for (int half = 0; half < 2; ++half) wait_v16_free(tile, half);
     }
 }
 

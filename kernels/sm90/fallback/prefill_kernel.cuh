@@ -90,8 +90,8 @@ __device__ void prefill(const SparseMlaParams& p) {
         produce<Traits, D, kLandingBuffers>(
             p, work, landing(0), v16, slot_valid, kLandingEmptyBar0, kProducersBar,
             [](int buffer) { bar_arrive(kLandingFullBar0 + buffer, Traits::kThreads); },
-            [](int half) { if (half == 0) bar_sync(kV16EmptyBar, Traits::kThreads); },
-            [](int half) { if (half == 1) bar_arrive(kV16FullBar, Traits::kThreads); });
+            [](int, int half) { if (half == 0) bar_sync(kV16EmptyBar, Traits::kThreads); },
+            [](int, int half) { if (half == 1) bar_arrive(kV16FullBar, Traits::kThreads); });
         return;
     }
 

@@ -83,8 +83,8 @@ __device__ void prefill(const SparseMlaParams& p) {
             [](int buffer) {
                 for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + Traits::kConsumerWarpgroups * buffer + w, kPairThreads);
             },
-            [](int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
-            [](int half) { bar_arrive(kV16FullBar0 + half, kPairThreads); });
+            [](int, int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
+            [](int, int half) { bar_arrive(kV16FullBar0 + half, kPairThreads); });
         return;
     }
 

@@ -83,8 +83,8 @@ __device__ void prefill(const SparseMlaParams& p) {
             [](int buffer) {
                 for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kLandingFullBar0 + kConsumerWarpgroups * buffer + w, kPairThreads);
             },
-            [](int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
-            [](int half) {
+            [](int, int half) { bar_sync(kV16EmptyBar0 + half, Traits::kThreads); },
+            [](int, int half) {
                 for (int w = 0; w < kConsumerWarpgroups; ++w) bar_arrive(kV16FullBar0 + kConsumerWarpgroups * half + w, kPairThreads);
             });
         return;
