@@ -10,9 +10,10 @@
 
 namespace sparse_mla::sm90::wide_fast {
 
-constexpr int kConsumerWarpgroups = 2;  // each: 64 heads, all of d_v
-constexpr int kHeadsPerCta = kConsumerWarpgroups * kHeadsPerWg;
-constexpr int kLandingBuffers = 2;  // e4m3 kv tiles: the gather runs one tile ahead of QK^T
+// the wide kernel's CTA: two consumer warpgroups of 64 heads and all of d_v, two landing tiles
+using wide::kConsumerWarpgroups;
+using wide::kHeadsPerCta;
+using wide::kLandingBuffers;
 // e4m3 V^T tiles: the producer transposes tile i while the warpgroups' P.V reads tile i - 1
 constexpr int kVtBuffers = 2;
 constexpr int kVtBufferBytes = 2 * kVtTileBytes;  // a V^T buffer: a tile's two VtTiles
