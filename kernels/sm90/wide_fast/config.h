@@ -29,7 +29,9 @@ constexpr int bars_smem_offset(int d_qk) { return q_smem_offset(d_qk) + kHeadsPe
 constexpr int kFullBars = kLandingBuffers + kVtBuffers;
 
 // Its entry in the registry, before the wide kernel: the calls that kernel takes, in precision
-// "fast" (its O is the wide kernel's f16 one, with P's scale following the row sum).
+// "fast" (its O is the wide kernel's f16 one, with P's scale following the row sum). Consumers 232
+// registers, producer 40: the whole launch pool (168 x 384); O, the two QK^T chains and P take 232
+// (at 224 ptxas serializes the wgmmas, C7512: PERF.md).
 struct Traits : WarpgroupRoles<kConsumerWarpgroups, 1, 40, 232> {
     static constexpr int kHeadsPerCta = wide_fast::kHeadsPerCta;
     static constexpr int smem_bytes(int d_qk) { return bars_smem_offset(d_qk) + kFullBars * 8; }
