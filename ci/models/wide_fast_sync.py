@@ -107,7 +107,7 @@ def run(tiles_per_item, seed):
 
 
 def main():
-    check(run, [0, 1, 2, 3, 5], 5, int(sys.argv[1]) if len(sys.argv) > 1 else 3000)
+    sys.exit(0 if check(run, [0, 1, 2, 3, 5], 5, int(sys.argv[1]) if len(sys.argv) > 1 else 3000) else 1)
 
 
 if __name__ == "__main__":

@@ -329,7 +329,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 uint8_t* vt = v16 + (2 * (tile % kV16Buffers) + half) * kVtTileBytes;
                 transpose_v_half<kSlotsPerTile>(landing(buffer), kHalfSlots * half, vt, ptid);
             } else {
-                static_assert(kVt || kV16Buffers == 1, "one fp16 tile");
+                static_assert(kV16Buffers == 1, "one fp16 tile");
                 convert_v(buffer, half);
             }
             fence_for_tensor_cores();

@@ -30,8 +30,7 @@ struct Traits : WarpgroupRoles<kConsumerWarpgroups, 1, 48, 224> {
     static constexpr int kHeadsPerCta = wide::kHeadsPerCta;
     static constexpr int smem_bytes(int d_qk) { return valid_smem_offset(d_qk) + kLandingBuffers * kSlotsPerTile / 8; }
     // a call that a 64-head kernel would run in two CTAs per token, at a topk where its f16 O is
-    // accurate enough (an exact kernel: it takes both precisions; no fast kernel
-    // for h_q > 64 met fast's accuracy yet: PERF.md)
+    // accurate enough (an exact kernel: it takes both precisions, after wide_fast has taken fast's)
     static constexpr bool takes(int64_t h_q, int64_t topk, Precision) { return h_q > kHeadsPerWg && topk <= kMaxTopk; }
 };
 
