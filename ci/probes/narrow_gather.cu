@@ -15,7 +15,7 @@ __device__ void gather_only(const SparseMlaParams& p) {
     if (threadIdx.x == 0) bars.init(kConsumerThreads);
     __syncthreads();
     if (threadIdx.x >= kConsumerThreads) {
-        produce<D, kMTileHeads, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
+        produce<D, kMTileHeads, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, threadIdx.x - kConsumerThreads);
         return;
     }
     RingCursor at;

@@ -18,6 +18,7 @@ from compare import SERVING, workload  # noqa: E402
 CONFIGS = [(2, 1), (3, 1), (4, 1), (2, 2)]  # (ring depth, CTAs per SM)
 SHAPES = ["V3.2 TP8 h16", "V4-Flash TP8 h8 CSA", "V4-Pro TP8 h16 CSA"]
 LANDING, Q8 = 64, 16  # slots per tile, heads of the probe's Q tile
+THREADS = 4 * 32 + 2 * 32  # narrow::Shape<16>::kThreads: 4 consumer warps, 2 producer warps
 
 
 def smem(d, buffers):
@@ -42,7 +43,7 @@ for name in SHAPES:
         fn.max_dynamic_shared_size_bytes = smem(d, buffers)
         args = (qa, kva, ia, ta, np.int64(s_q), np.int64(s_kv), np.int64(h_q), np.int64(width),
                 np.int64(q.stride(0)), np.int64(q.stride(1)), np.int64(kv.stride(0)), np.int64(idx.stride(0)))
-        launch = lambda: fn((min(s_q, sms * ctas),), (160,), args, shared_mem=smem(d, buffers))
+        launch = lambda: fn((min(s_q, sms * ctas),), (THREADS,), args, shared_mem=smem(d, buffers))
         launch()
         cupy.cuda.Device().synchronize()
         ms = do_bench(launch, warmup=50, rep=200, return_mode="median")

@@ -6,7 +6,7 @@
 // fp16 in registers after ldmatrix from the landing tile (no fp16 copy of V in shared memory, no
 // transposed tile); the latency of these chains, not the gather, bounds the kernels (PERF.md). Per
 // tile of 64 slots:
-//   1. the producer warp gathers the e4m3 kv rows (cp.async completing on the tile's mbarrier) into a
+//   1. two producer warps gather the e4m3 kv rows (cp.async completing on the tile's mbarrier) into a
 //      ring of landing tiles; invalid slots become zero rows with a -inf logit;
 //   2. each of a group's 4 warps computes S on 16 slots, all of d_qk (fp32-grade: exact products,
 //      fp32 sums);
@@ -40,8 +40,8 @@ __device__ void prefill_heads(const SparseMlaParams& p) {
     const RingBarriers<L::kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
     if (threadIdx.x == 0) bars.init(S::kConsumerThreads);
     __syncthreads();
-    if (threadIdx.x / 32 == S::kConsumerWarps) {
-        produce<D, kHeads, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars);
+    if (threadIdx.x >= S::kConsumerThreads) {
+        produce<D, kHeads, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, threadIdx.x - S::kConsumerThreads);
     } else if constexpr (S::kHeadsAsN) {
         consume_heads_as_n<D, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
                                            reinterpret_cast<uint2*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kX), bars);

@@ -1,4 +1,4 @@
-// The narrow kernel's ring: mbarriers, and the producer warp that gathers the CTA's kv tiles (cp.async,
+// The narrow kernel's ring: mbarriers, and the producer warps that gather the CTA's kv tiles (cp.async,
 // each completing on its tile's mbarrier) and the Q rows of its items, in the order the consumers
 // take them.
 #pragma once
@@ -12,7 +12,7 @@
 
 namespace sparse_mla::sm90::narrow {
 
-// The ring's mbarriers: a tile's full (the producer's 32 lanes arrive when its copies land) and empty
+// The ring's mbarriers: a tile's full (the producer warps' lanes arrive when their copies land) and empty
 // (every consumer thread arrives when it has read the tile), and the same pair for the Q tile.
 template <int kBuffers>
 struct RingBarriers {
@@ -22,8 +22,8 @@ struct RingBarriers {
     __device__ uint64_t* q_full() const { return bars + 2 * kBuffers; }
     __device__ uint64_t* q_empty() const { return bars + 2 * kBuffers + 1; }
     __device__ void init(int consumer_threads) const {
-        for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), 32), mbar_init(empty(b), consumer_threads);
-        mbar_init(q_full(), 32), mbar_init(q_empty(), consumer_threads);
+        for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), 32 * kProducerWarps), mbar_init(empty(b), consumer_threads);
+        mbar_init(q_full(), 32 * kProducerWarps), mbar_init(q_empty(), consumer_threads);
     }
 };
 
@@ -35,13 +35,15 @@ struct RingCursor {
     int tile = 0, q = 0;
 };
 
-// The producer warp. A lane owns rows row0 + 8 k of a tile and in each the chunks part + 4 m.
+// A producer warp (pw of kProducerWarps, thread `producer_tid` of 32 kProducerWarps), each gathering
+// its share of every tile and of Q: a lane owns rows row0 + 8 (kProducerWarps k + pw) of a tile and in
+// each the chunks part + 4 m.
 template <int D, int kHeads, int kBuffers>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, uint8_t* q8,
-                        const RingBarriers<kBuffers>& bars) {
+                        const RingBarriers<kBuffers>& bars, int producer_tid) {
     constexpr int kChunks = D / 16;
-    constexpr int kRowsPerLane = kSlotsPerTile / 8;
-    const int lane = threadIdx.x % 32, row0 = lane / 4, part = lane % 4;
+    constexpr int kRowsPerLane = kSlotsPerTile / 8 / kProducerWarps;
+    const int lane = producer_tid % 32, pw = producer_tid / 32, row0 = lane / 4 + 8 * pw, part = lane % 4;
     const bool aligned = p.rows_16b_aligned;
     // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0; a
     // landing tile is the 64-byte-swizzled layout of the other kernels' (sw64_chunk), in which the 8
@@ -59,7 +61,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         const int32_t* idx_row = work.indices_of(t);
         {  // the item's Q rows, heads past h_q zero
             if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
-            for (int u = lane; u < kHeads * kChunks; u += 32) {
+            for (int u = producer_tid; u < kHeads * kChunks; u += 32 * kProducerWarps) {
                 const int h = u / kChunks, c = u % kChunks;
                 const bool valid = head0 + h < p.h_q;
                 const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + h) * p.q_stride_h + 16 * c : p.q;
@@ -74,7 +76,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             int32_t j[kRowsPerLane];
 #pragma unroll
             for (int k = 0; k < kRowsPerLane; ++k) {
-                const int64_t slot = int64_t{tile} * kSlotsPerTile + row0 + 8 * k;
+                const int64_t slot = int64_t{tile} * kSlotsPerTile + row0 + 8 * kProducerWarps * k;
                 j[k] = slot < n_slots ? __ldg(idx_row + slot) : -1;
             }
             if (at.tile >= kBuffers) mbar_wait(bars.empty(b), (at.tile / kBuffers - 1) & 1);
@@ -83,7 +85,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 // an invalid row is zero-filled: nothing is read at src then
                 const bool valid = work.in_range(j[k]);
                 const uint8_t* src = p.kv + (valid ? j[k] * p.kv_stride_s : 0) + 16 * part;
-                const uint32_t dst = landing0 + b * (kSlotsPerTile * D) + 8 * k * 64;
+                const uint32_t dst = landing0 + b * (kSlotsPerTile * D) + 8 * kProducerWarps * k * 64;
                 if (aligned) {
 #pragma unroll
                     for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * (kSlotsPerTile * 64), src + 64 * m, valid);
