@@ -14,9 +14,9 @@ constexpr int kNTileHeads = 8;       // heads of one m16n8k16 MMA tile as its N 
 constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile, P.V on 128 columns of d_v
 constexpr int kGroupThreads = kWarpsPerMTile * 32;  // the warps of one M tile: a named barrier's threads
 constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (2 is as fast: PERF.md)
-// Two producer warps, so that the gather's issue falls on two schedulers: one producer warp loaded the
-// scheduler it shared with a consumer warp, whose lag the group's per-tile barrier passed on to every
-// warp (PERF.md, narrow v7: 2-3.5% faster on narrow16's serving shapes).
+// Two producer warps, the gather's issue on two schedulers instead of on the one that a consumer warp
+// shares with it (whose lag the group's per-tile barrier passes on to every warp): 2-3.5% faster on
+// narrow16's serving shapes, narrow8 unchanged (PERF.md, narrow v7).
 constexpr int kProducerWarps = 2;
 
 // A CTA of kHeads heads: 8 heads as the MMA's N (one group of 4 consumer warps), or kHeads / 16 M
