@@ -36,8 +36,8 @@ struct RingCursor {
 };
 
 // A producer warp (pw of kProducerWarps, thread `producer_tid` of 32 kProducerWarps), each gathering
-// its share of every tile and of Q: a lane owns rows row0 + 8 (kProducerWarps k + pw) of a tile and in
-// each the chunks part + 4 m.
+// its share of every tile and of Q: a lane owns rows lane / 4 + 8 (kProducerWarps k + pw) of a tile
+// and in each the chunks part + 4 m.
 template <int D, int kHeads, int kBuffers>
 __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, uint8_t* q8,
                         const RingBarriers<kBuffers>& bars, int producer_tid) {
@@ -45,9 +45,10 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     constexpr int kRowsPerLane = kSlotsPerTile / 8 / kProducerWarps;
     const int lane = producer_tid % 32, pw = producer_tid / 32, row0 = lane / 4 + 8 * pw, part = lane % 4;
     const bool aligned = p.rows_16b_aligned;
-    // this lane's chunk of row row0 (+ 8 k: the same swizzle) in atom column 0 of landing tile 0; a
-    // landing tile is the 64-byte-swizzled layout of the other kernels' (sw64_chunk), in which the 8
-    // rows of one ldmatrix matrix, and of one warp's stores, fall in distinct banks
+    // this lane's chunk of row row0 (+ 8 kProducerWarps k: the same swizzle) in atom column 0 of
+    // landing tile 0; a landing tile is the 64-byte-swizzled layout of the other kernels'
+    // (sw64_chunk), in which the 8 rows of one ldmatrix matrix, and of one warp's stores, fall in
+    // distinct banks
     const uint32_t landing0 = smem_u32(landing) + sw64_chunk(row0, part);
     auto arrive = [&](uint64_t* bar) {
         if (aligned) mbar_arrive_on_copies(bar);
