@@ -20,7 +20,8 @@
 // Under precision "fast" (dual_fast) QK^T's tensor-core sums run over several K steps, the producer
 // transposes V into an e4m3 V^T tile instead of converting it, P is e4m3 and P.V an FP8 wgmma
 // (m64n256k32) into the same f16 O, and max_logits and lse come from the running max.
-// The grid is persistent (Traits::kCtasPerSm CTAs per SM, items taken in turn).
+// The grid is persistent (Traits::kCtasPerSm CTAs per SM, items taken in turn). (A model of the
+// synchronization, checked under random schedules on the CPU: ci/models/dual_sync.py.)
 #pragma once
 
 #include <cuda_bf16.h>
