@@ -80,9 +80,18 @@ def simulate(procs, seed, errors):
     return None
 
 
-def check(run, item_choices, max_items, schedules):
-    """Runs `schedules` random item lists through run(items, seed); prints the first bad ones and how
-    many were clean; returns whether all were."""
+def expect_holds(errors, what, tile, held):
+    """A ("do") operation: the buffer that `what` reads holds `tile` (held() says which it holds)."""
+    def check_held():
+        if held() != tile:
+            errors.append(f"{what} of tile {tile} read tile {held()}")
+    return ("do", check_held)
+
+
+def check(run, schedules, item_choices=(0, 1, 2, 3, 5), max_items=5):
+    """Runs `schedules` random item lists (up to max_items items, each of one of item_choices tiles)
+    through run(items, seed); prints the first bad ones and how many were clean; returns whether all
+    were."""
     bad = 0
     for seed in range(schedules):
         rng = random.Random(seed)
