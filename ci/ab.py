@@ -1,0 +1,96 @@
+"""Wheels of this package timed side by side in one run on one GPU: the A/B of a kernel change.
+
+Each wheel is installed into a directory of its own; then, round after round, each wheel in turn
+times the chosen shapes of the peers' compare.py (its inputs, its error measure, its timing) in a
+fresh process that imports the package from that directory. Machines drift 5-10% between runs, so
+only ratios within one such run compare; the rounds show the run's own spread. The first wheel is
+the base. Ours only: compare.py --set all is the table beside the peers.
+
+Usage, on the GPU machine with the peers copied into the checkout (.peers/, ignored):
+  python3 ci/ab.py [--peers .peers] [--rounds 2] [--precision exact] [--precision fast]
+                   --only "D 4096;V4-Flash DP h64 SWA" BASE.whl CANDIDATE.whl [...]
+(--only: shapes whose names start with each ;-separated text; --precision, repeated: default exact.)
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def time_shapes(peers, shapes, precisions):
+    """In the child: each shape in each precision, one line each: shape, precision, µs, errors."""
+    sys.path.insert(0, peers)
+    import compare  # noqa: E402 (the peers' module: torch, the workloads, do_bench, errors)
+    import torch
+
+    table = {**compare.CONTRACT, **compare.SERVING}
+    print(f"# {compare.smf.__file__}", flush=True)
+    for key in shapes:
+        name = next((n for n in table if n.startswith(key)), None)
+        if name is None:
+            sys.exit(f"no shape of compare.py starts with {key!r}")
+        s_q, s_kv, h_q, d_qk, width, profile, use_sink = table[name]
+        q, kv, idx, tl, sink = compare.workload(s_q, s_kv, h_q, d_qk, width, profile)
+        sk = sink if use_sink else None
+        ones = torch.ones(1, device=compare.dev)
+        sm = d_qk ** -0.5
+        for precision in precisions:
+            def run():
+                return compare.smf.prefill(q, kv, idx, sm, q_scale=ones, kv_scale=ones, attn_sink=sk,
+                                           topk_length=tl, precision=precision)
+            err = compare.errors(run(), q, kv, idx, sm, sk, tl)
+            us = compare.do_bench(run) * 1e3
+            print(f"{name}\t{precision}\t{us:.1f}\t{err}", flush=True)
+        del q, kv, idx
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("wheels", nargs="*")
+    ap.add_argument("--only", required=True)
+    ap.add_argument("--peers", default=".peers")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--precision", action="append", choices=["exact", "fast"])
+    ap.add_argument("--time-in-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shapes, precisions, peers = args.only.split(";"), args.precision or ["exact"], os.path.abspath(args.peers)
+    if args.time_in_child:
+        return time_shapes(peers, shapes, precisions)
+    if not args.wheels:
+        ap.error("name the wheels, the base first")
+
+    work = tempfile.mkdtemp(prefix="sparse-mla-ab-")
+    sites = []
+    for i, wheel in enumerate(args.wheels):
+        sites.append(os.path.join(work, str(i)))
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
+                        sites[-1], wheel], check=True)
+    times = {}  # (shape, precision) -> per wheel, the µs of each round
+    child = [sys.executable, os.path.abspath(__file__), "--time-in-child", "--peers", peers, "--only", args.only]
+    child += [f"--precision={p}" for p in precisions]
+    for r in range(args.rounds):
+        for i, site in enumerate(sites):
+            env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            out = subprocess.run(child, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+            for line in out.splitlines():
+                if line.startswith("#"):
+                    if not line.startswith(f"# {site}"):
+                        sys.exit(f"wheel {i} imported {line[2:]}, not its own copy in {site}")
+                    continue
+                name, precision, us, err = line.split("\t")
+                times.setdefault((name, precision), [[] for _ in sites])[i].append(float(us))
+                print(f"round {r + 1} wheel {i} | {name} | {precision} | {us} µs | out/lse/max_logits {err}", flush=True)
+    print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0" for i in range(len(sites))))
+    for (name, precision), per_wheel in times.items():
+        base = statistics.median(per_wheel[0])
+        cells = [f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)}), {base / statistics.median(t):.3f}x"
+                 for t in per_wheel]
+        print(f"{name} | {precision} | " + " | ".join(cells))
+    print("\nwheels: " + "; ".join(f"{i} {os.path.abspath(w)}" for i, w in enumerate(args.wheels)))
+
+
+if __name__ == "__main__":
+    main()
