@@ -9,7 +9,9 @@ the base. Ours only: compare.py --set all is the table beside the peers.
 Usage, on the GPU machine with the peers copied into the checkout (.peers/, ignored):
   python3 ci/ab.py [--peers .peers] [--rounds 2] [--precision exact] [--precision fast]
                    --only "D 4096;V4-Flash DP h64 SWA" BASE.whl CANDIDATE.whl [...]
-(--only: shapes whose names start with each ;-separated text; --precision, repeated: default exact.)
+(--only: shapes whose names start with each ;-separated text; --precision, repeated: default exact.
+A wheel named as WHEEL@4 runs with out 4 bytes past a 16-byte boundary, the layout otherwise the same,
+so that the kernels take their unaligned store path: `BASE.whl BASE.whl@4` times the two store paths.)
 """
 import argparse
 import os
@@ -19,7 +21,7 @@ import sys
 import tempfile
 
 
-def time_shapes(peers, shapes, precisions):
+def time_shapes(peers, shapes, precisions, out_offset):
     """In the child: each shape in each precision, one line each: shape, precision, µs, errors."""
     sys.path.insert(0, peers)
     import compare  # noqa: E402 (the peers' module: torch, the workloads, do_bench, errors)
@@ -36,15 +38,54 @@ def time_shapes(peers, shapes, precisions):
         sk = sink if use_sink else None
         ones = torch.ones(1, device=compare.dev)
         sm = d_qk ** -0.5
+        out = None
+        if out_offset:
+            pad = out_offset // 2  # bf16 elements
+            out = torch.empty(s_q * h_q * 512 + pad, dtype=torch.bfloat16, device=compare.dev)[pad:].view(s_q, h_q, 512)
         for precision in precisions:
             def run():
                 return compare.smf.prefill(q, kv, idx, sm, q_scale=ones, kv_scale=ones, attn_sink=sk,
-                                           topk_length=tl, precision=precision)
+                                           topk_length=tl, out=out, precision=precision)
             err = compare.errors(run(), q, kv, idx, sm, sk, tl)
             us = compare.do_bench(run) * 1e3
             print(f"{name}\t{precision}\t{us:.1f}\t{err}", flush=True)
-        del q, kv, idx
+        del q, kv, idx, out
         torch.cuda.empty_cache()
+
+
+def install(wheels, work, ap):
+    """Each distinct wheel into a directory of its own under work: per entry, its directory and out offset."""
+    sites, offsets, installed = [], [], {}
+    for wheel in wheels:
+        path, _, offset = wheel.partition("@")
+        if offset not in ("", "4", "8", "12"):
+            ap.error(f"{wheel}: an out offset is 4, 8 or 12 bytes")
+        if path not in installed:
+            installed[path] = os.path.join(work, str(len(installed)))
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
+                            installed[path], path], check=True)
+        sites.append(installed[path])
+        offsets.append(int(offset or 0))
+    return sites, offsets
+
+
+def measure(child, sites, offsets, rounds):
+    """Round after round, each entry in a fresh process: (shape, precision) -> per entry, its µs per round."""
+    times = {}
+    for r in range(rounds):
+        for i, (site, offset) in enumerate(zip(sites, offsets)):
+            env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            out = subprocess.run(child + [f"--out-offset={offset}"], env=env, check=True, stdout=subprocess.PIPE,
+                                 text=True).stdout
+            for line in out.splitlines():
+                if line.startswith("#"):
+                    if not line.startswith(f"# {site}"):
+                        sys.exit(f"wheel {i} imported {line[2:]}, not its own copy in {site}")
+                    continue
+                name, precision, us, err = line.split("\t")
+                times.setdefault((name, precision), [[] for _ in sites])[i].append(float(us))
+                print(f"round {r + 1} wheel {i} | {name} | {precision} | {us} µs | out/lse/max_logits {err}", flush=True)
+    return times
 
 
 def main():
@@ -54,36 +95,21 @@ def main():
     ap.add_argument("--peers", default=".peers")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--precision", action="append", choices=["exact", "fast"])
+    ap.add_argument("--out-offset", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--time-in-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes, precisions, peers = args.only.split(";"), args.precision or ["exact"], os.path.abspath(args.peers)
     if args.time_in_child:
-        return time_shapes(peers, shapes, precisions)
+        return time_shapes(peers, shapes, precisions, args.out_offset)
     if not args.wheels:
         ap.error("name the wheels, the base first")
-
-    work = tempfile.mkdtemp(prefix="sparse-mla-ab-")
-    sites = []
-    for i, wheel in enumerate(args.wheels):
-        sites.append(os.path.join(work, str(i)))
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
-                        sites[-1], wheel], check=True)
-    times = {}  # (shape, precision) -> per wheel, the µs of each round
     child = [sys.executable, os.path.abspath(__file__), "--time-in-child", "--peers", peers, "--only", args.only]
     child += [f"--precision={p}" for p in precisions]
-    for r in range(args.rounds):
-        for i, site in enumerate(sites):
-            env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            out = subprocess.run(child, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-            for line in out.splitlines():
-                if line.startswith("#"):
-                    if not line.startswith(f"# {site}"):
-                        sys.exit(f"wheel {i} imported {line[2:]}, not its own copy in {site}")
-                    continue
-                name, precision, us, err = line.split("\t")
-                times.setdefault((name, precision), [[] for _ in sites])[i].append(float(us))
-                print(f"round {r + 1} wheel {i} | {name} | {precision} | {us} µs | out/lse/max_logits {err}", flush=True)
-    print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0" for i in range(len(sites))))
+    with tempfile.TemporaryDirectory(prefix="sparse-mla-ab-") as work:
+        sites, offsets = install(args.wheels, work, ap)
+        times = measure(child, sites, offsets, args.rounds)
+    print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0"
+                                                for i in range(len(sites))))
     for (name, precision), per_wheel in times.items():
         base = statistics.median(per_wheel[0])
         cells = [f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)}), {base / statistics.median(t):.3f}x"
