@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+D_V = 512  # the d_v of every shape of compare.py (prefill()'s default)
+
 
 def time_shapes(peers, shapes, precisions, out_offset):
     """In the child: each shape in each precision, one line each: shape, precision, µs, errors."""
@@ -41,7 +43,7 @@ def time_shapes(peers, shapes, precisions, out_offset):
         out = None
         if out_offset:
             pad = out_offset // 2  # bf16 elements
-            out = torch.empty(s_q * h_q * 512 + pad, dtype=torch.bfloat16, device=compare.dev)[pad:].view(s_q, h_q, 512)
+            out = torch.empty(s_q * h_q * D_V + pad, dtype=torch.bfloat16, device=compare.dev)[pad:].view(s_q, h_q, D_V)
         for precision in precisions:
             def run():
                 return compare.smf.prefill(q, kv, idx, sm, q_scale=ones, kv_scale=ones, attn_sink=sk,
