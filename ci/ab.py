@@ -55,20 +55,15 @@ def time_shapes(peers, shapes, precisions, out_offset):
         torch.cuda.empty_cache()
 
 
-def install(wheels, work, ap):
-    """Each distinct wheel into a directory of its own under work: per entry, its directory and out offset."""
-    sites, offsets, installed = [], [], {}
-    for wheel in wheels:
-        path, _, offset = wheel.partition("@")
-        if offset not in ("", "4", "8", "12"):
-            ap.error(f"{wheel}: an out offset is 4, 8 or 12 bytes")
+def install(paths, work):
+    """Each distinct wheel into a directory of its own under work: per entry, its directory."""
+    installed = {}
+    for path in paths:
         if path not in installed:
             installed[path] = os.path.join(work, str(len(installed)))
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
                             installed[path], path], check=True)
-        sites.append(installed[path])
-        offsets.append(int(offset or 0))
-    return sites, offsets
+    return [installed[path] for path in paths]
 
 
 def measure(child, sites, offsets, rounds):
@@ -105,10 +100,14 @@ def main():
         return time_shapes(peers, shapes, precisions, args.out_offset)
     if not args.wheels:
         ap.error("name the wheels, the base first")
+    entries = [wheel.partition("@")[::2] for wheel in args.wheels]  # (path, out offset)
+    if any(offset not in ("", "4", "8", "12") for _, offset in entries):
+        ap.error("an out offset (WHEEL@N) is 4, 8 or 12 bytes")
+    offsets = [int(offset or 0) for _, offset in entries]
     child = [sys.executable, os.path.abspath(__file__), "--time-in-child", "--peers", peers, "--only", args.only]
     child += [f"--precision={p}" for p in precisions]
     with tempfile.TemporaryDirectory(prefix="sparse-mla-ab-") as work:
-        sites, offsets = install(args.wheels, work, ap)
+        sites = install([path for path, _ in entries], work)
         times = measure(child, sites, offsets, args.rounds)
     print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0"
                                                 for i in range(len(sites))))
