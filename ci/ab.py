@@ -67,13 +67,23 @@ def install(paths, work):
 
 
 def measure(child, sites, offsets, rounds):
-    """Round after round, each entry in a fresh process: (shape, precision) -> per entry, its µs per round."""
-    times = {}
+    """Round after round, each entry in a fresh process: (shape, precision) -> per entry, its µs per
+    round; and the entries whose process failed (a kernel fault), which are left out of later rounds
+    so that the others' rounds still complete."""
+    times, failed = {}, set()
     for r in range(rounds):
         for i, (site, offset) in enumerate(zip(sites, offsets)):
+            if i in failed:
+                continue
             env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            out = subprocess.run(child + [f"--out-offset={offset}"], env=env, check=True, stdout=subprocess.PIPE,
-                                 text=True).stdout
+            run = subprocess.run(child + [f"--out-offset={offset}"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            out = run.stdout
+            if run.returncode != 0:
+                failed.add(i)
+                tail = "\n  ".join(run.stderr.strip().splitlines()[-6:])
+                print(f"round {r + 1} wheel {i} FAILED (exit {run.returncode}); left out from here:\n  {tail}",
+                      flush=True)
             for line in out.splitlines():
                 if line.startswith("#"):
                     if not line.startswith(f"# {site}"):
@@ -82,7 +92,7 @@ def measure(child, sites, offsets, rounds):
                 name, precision, us, err = line.split("\t")
                 times.setdefault((name, precision), [[] for _ in sites])[i].append(float(us))
                 print(f"round {r + 1} wheel {i} | {name} | {precision} | {us} µs | out/lse/max_logits {err}", flush=True)
-    return times
+    return times, failed
 
 
 def main():
@@ -108,14 +118,16 @@ def main():
     child += [f"--precision={p}" for p in precisions]
     with tempfile.TemporaryDirectory(prefix="sparse-mla-ab-") as work:
         sites = install([path for path, _ in entries], work)
-        times = measure(child, sites, offsets, args.rounds)
+        times, failed = measure(child, sites, offsets, args.rounds)
     print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0"
                                                 for i in range(len(sites))))
     for (name, precision), per_wheel in times.items():
-        base = statistics.median(per_wheel[0])
-        cells = [f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)}), {base / statistics.median(t):.3f}x"
-                 for t in per_wheel]
+        base = statistics.median(per_wheel[0]) if per_wheel[0] else None
+        cells = [f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)})"
+                 + (f", {base / statistics.median(t):.3f}x" if base else "") if t else "-" for t in per_wheel]
         print(f"{name} | {precision} | " + " | ".join(cells))
+    if failed:
+        print("failed: " + ", ".join(f"wheel {i}" for i in sorted(failed)) + " (their rounds before the failure are above)")
     print("\nwheels: " + "; ".join(f"{i} {os.path.abspath(w)}" for i, w in enumerate(args.wheels)))
 
 
