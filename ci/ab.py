@@ -121,14 +121,18 @@ def main():
         times, failed = measure(child, sites, offsets, args.rounds)
     print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0"
                                                 for i in range(len(sites))))
+    def cell(t, base):  # a wheel's median, its rounds and its speedup over wheel 0 (none timed: "-")
+        if not t:
+            return "-"
+        return f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)})" + (
+            f", {base / statistics.median(t):.3f}x" if base else "")
+
     for (name, precision), per_wheel in times.items():
         base = statistics.median(per_wheel[0]) if per_wheel[0] else None
-        cells = [f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)})"
-                 + (f", {base / statistics.median(t):.3f}x" if base else "") if t else "-" for t in per_wheel]
-        print(f"{name} | {precision} | " + " | ".join(cells))
-    if failed:
-        print("failed: " + ", ".join(f"wheel {i}" for i in sorted(failed)) + " (their rounds before the failure are above)")
+        print(f"{name} | {precision} | " + " | ".join(cell(t, base) for t in per_wheel))
     print("\nwheels: " + "; ".join(f"{i} {os.path.abspath(w)}" for i, w in enumerate(args.wheels)))
+    if failed:
+        sys.exit("failed: " + ", ".join(f"wheel {i}" for i in sorted(failed)) + " (their rounds before it are above)")
 
 
 if __name__ == "__main__":
