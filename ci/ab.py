@@ -76,15 +76,14 @@ def measure(child, sites, offsets, rounds):
             if i in failed:
                 continue
             env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            run = subprocess.run(child + [f"--out-offset={offset}"], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            out = run.stdout
-            if run.returncode != 0:
+            proc = subprocess.run(child + [f"--out-offset={offset}"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
                 failed.add(i)
-                tail = "\n  ".join(run.stderr.strip().splitlines()[-6:])
-                print(f"round {r + 1} wheel {i} FAILED (exit {run.returncode}); left out from here:\n  {tail}",
+                tail = "\n  ".join(proc.stderr.strip().splitlines()[-6:])
+                print(f"round {r + 1} wheel {i} FAILED (exit {proc.returncode}); left out from here:\n  {tail}",
                       flush=True)
-            for line in out.splitlines():
+            for line in proc.stdout.splitlines():
                 if line.startswith("#"):
                     if not line.startswith(f"# {site}"):
                         sys.exit(f"wheel {i} imported {line[2:]}, not its own copy in {site}")
@@ -93,6 +92,14 @@ def measure(child, sites, offsets, rounds):
                 times.setdefault((name, precision), [[] for _ in sites])[i].append(float(us))
                 print(f"round {r + 1} wheel {i} | {name} | {precision} | {us} µs | out/lse/max_logits {err}", flush=True)
     return times, failed
+
+
+def cell(t, base):
+    """A wheel's median µs, its rounds and its speedup over wheel 0's median base (none timed: "-")."""
+    if not t:
+        return "-"
+    return f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)})" + (
+        f", {base / statistics.median(t):.3f}x" if base else "")
 
 
 def main():
@@ -121,12 +128,6 @@ def main():
         times, failed = measure(child, sites, offsets, args.rounds)
     print("\nshape | precision | " + " | ".join(f"wheel {i}: median µs (rounds), speedup over wheel 0"
                                                 for i in range(len(sites))))
-    def cell(t, base):  # a wheel's median, its rounds and its speedup over wheel 0 (none timed: "-")
-        if not t:
-            return "-"
-        return f"{statistics.median(t):.1f} ({'/'.join(f'{x:.0f}' for x in t)})" + (
-            f", {base / statistics.median(t):.3f}x" if base else "")
-
     for (name, precision), per_wheel in times.items():
         base = statistics.median(per_wheel[0]) if per_wheel[0] else None
         print(f"{name} | {precision} | " + " | ".join(cell(t, base) for t in per_wheel))

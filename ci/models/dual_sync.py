@@ -16,13 +16,14 @@ import sys
 from sync_model import WG, check, expect_holds, simulate
 
 # the kernel's named barriers (dual/prefill_kernel.cuh), for up to 3 landing buffers and the one V
-LANDING_FULL0, LANDING_EMPTY0, V_FULL0, V_EMPTY0, PRODUCERS = 1, 4, 7, 8, 10
+LANDING_FULL0, LANDING_EMPTY0, V_FULL, V_EMPTY, PRODUCERS = 1, 4, 7, 8, 10
 THREADS = 2 * WG  # Traits::kThreads: a consumer and a producer warpgroup
-CONFIGS = [(3, 1), (2, 1)]  # (landing half tiles, V buffers)
+LANDING_DEPTHS = [3, 2]  # landing half tiles at d_qk 512 and 576
 
 
-def run_config(tiles_per_item, seed, landing_buffers, v_buffers):
-    landing, v = [None] * landing_buffers, [None] * v_buffers  # the CTA half tile each buffer holds
+def run_config(tiles_per_item, seed, landing_buffers):
+    landing = [None] * landing_buffers  # the CTA half tile each landing buffer holds
+    v = None  # the CTA half tile the V buffer holds
     qk_done, pv_done = set(), set()  # CTA half tiles whose QK^T / P.V is done
     errors = []
     units = 2 * sum(tiles_per_item)
@@ -39,12 +40,12 @@ def run_config(tiles_per_item, seed, landing_buffers, v_buffers):
             state["gathered"] += 1
 
         def transpose(c):
-            b = c % v_buffers
-            if v[b] is not None and v[b] not in pv_done:
-                errors.append(f"V {b} written (half tile {c}) before P.V of {v[b]}")
+            nonlocal v
+            if v is not None and v not in pv_done:
+                errors.append(f"V written (half tile {c}) before P.V of {v}")
             if landing[c % landing_buffers] != c:
                 errors.append(f"V of half tile {c} read from half tile {landing[c % landing_buffers]}")
-            v[b] = c
+            v = c
 
         def gather_next():
             if state["gathered"] < units:
@@ -66,11 +67,11 @@ def run_config(tiles_per_item, seed, landing_buffers, v_buffers):
                     yield announce(c + 1)
             else:
                 yield announce(c)
-            if c >= v_buffers:  # P.V of c - v_buffers has read the V buffer that c takes
-                yield ("sync", V_EMPTY0 + c % v_buffers, THREADS)
+            if c >= 1:  # P.V of c - 1 has read the V buffer
+                yield ("sync", V_EMPTY, THREADS)
             yield ("sync", PRODUCERS, WG)  # dual_fast only (the producer's own barrier: no hazard either way)
             yield ("do", lambda c=c: transpose(c))
-            yield ("arrive", V_FULL0 + c % v_buffers, THREADS)
+            yield ("arrive", V_FULL, THREADS)
             if c >= 1:  # QK^T of c - 1 done
                 yield ("sync", LANDING_EMPTY0 + (c - 1) % landing_buffers, THREADS)
             yield from gather_next()
@@ -78,8 +79,7 @@ def run_config(tiles_per_item, seed, landing_buffers, v_buffers):
         n = state["gathered"]
         if n >= 1:
             yield ("sync", LANDING_EMPTY0 + (n - 1) % landing_buffers, THREADS)
-            for c in range(max(n - v_buffers, 0), n):
-                yield ("sync", V_EMPTY0 + c % v_buffers, THREADS)
+            yield ("sync", V_EMPTY, THREADS)
 
     def consumer():
         cta_half = 0
@@ -91,28 +91,28 @@ def run_config(tiles_per_item, seed, landing_buffers, v_buffers):
                     yield expect_holds(errors, "QK^T", c, lambda c=c: landing[c % landing_buffers])
                     if tile > 0 or h > 0:  # inside QK^T: the P.V before it is done
                         yield ("do", lambda c=c: pv_done.add(c - 1))
-                        yield ("arrive", V_EMPTY0 + (c - 1) % v_buffers, THREADS)
+                        yield ("arrive", V_EMPTY, THREADS)
                     yield ("do", lambda c=c: qk_done.add(c))
                     yield ("arrive", LANDING_EMPTY0 + c % landing_buffers, THREADS)
-                    yield ("sync", V_FULL0 + c % v_buffers, THREADS)
-                    yield expect_holds(errors, "P.V", c, lambda c=c: v[c % v_buffers])
+                    yield ("sync", V_FULL, THREADS)
+                    yield expect_holds(errors, "P.V", c, lambda: v)
                     cta_half += 1
             if n_tiles > 0:  # the item's end waits for its last P.V
                 yield ("do", lambda c=cta_half - 1: pv_done.add(c))
-                yield ("arrive", V_EMPTY0 + (cta_half - 1) % v_buffers, THREADS)
+                yield ("arrive", V_EMPTY, THREADS)
 
     procs = {"producer": producer(), "consumer": consumer()}
     return simulate(procs, seed, errors), errors
 
 
 def run(tiles_per_item, seed):
-    """Runs one CTA whose items have these tile counts, in every configuration; returns (the first
-    deadlock or None, every configuration's errors)."""
+    """Runs one CTA whose items have these tile counts at each landing depth; returns (the first
+    deadlock or None, every depth's errors)."""
     deadlock, errors = None, []
-    for landing_buffers, v_buffers in CONFIGS:
-        d, e = run_config(tiles_per_item, seed, landing_buffers, v_buffers)
-        deadlock = deadlock or (d and f"{landing_buffers} landing, {v_buffers} V: {d}")
-        errors += [f"{landing_buffers} landing, {v_buffers} V: {x}" for x in e]
+    for landing_buffers in LANDING_DEPTHS:
+        d, e = run_config(tiles_per_item, seed, landing_buffers)
+        deadlock = deadlock or (d and f"{landing_buffers} landing: {d}")
+        errors += [f"{landing_buffers} landing: {x}" for x in e]
     return deadlock, errors
 
 
