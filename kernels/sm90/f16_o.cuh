@@ -284,18 +284,35 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
         if (kExactMax && head0 + row0 + 8 * r < p.h_q && rows.max[r] != -CUDART_INF_F)
             j_max[r] = max_index(rows.max[r], rows.max_tile[r], n_slots, idx_row);
     }
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
+    struct RowOut {
+        bool real;
+        float scale;
+        uint16_t* out;
+    };
+    auto row_out = [&](int r) {
         const int64_t h = head0 + row0 + 8 * r;
         const bool real = h < p.h_q;
         float denom = sum[r];
         if (p.attn_sink && real) denom += exp2f(p.attn_sink[h * p.attn_sink_stride] * kLog2e - rows.ref[r] - p_shift);
-        const float o_scale = rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom;
-        uint16_t* out = p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h;
-        store_row<0, 2>(out, r, tig, p.out_rows_16b_aligned, real, [&](int n, int j) {
-            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
-            return bf16x2(x.x * o_scale, x.y * o_scale);
+        return RowOut{real, rows.max[r] == -CUDART_INF_F ? 0.f : scale.kv / denom,
+                      p.out + t * p.out_stride_s + (real ? h : 0) * p.out_stride_h};
+    };
+    // O's 256-column halves first .. last - 1 of row r (cute::_0 ..: compile-time halves)
+    auto store = [&](auto first, auto last, int r, const RowOut& x) {
+        store_row<decltype(first)::value, decltype(last)::value>(x.out, r, tig, p.out_rows_16b_aligned, x.real, [&](int n, int j) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&o[n][j]));
+            return bf16x2(v.x * x.scale, v.y * x.scale);
         });
+    };
+    if constexpr (kExactMax) {  // row by row: 1-2% faster here than the order below (PERF.md)
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) store(cute::_0{}, cute::_2{}, r, row_out(r));
+    } else {  // both rows' first 256 columns, then their second: ~1% faster in dual_fast (PERF.md)
+        const RowOut x[2] = {row_out(0), row_out(1)};
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) store(cute::_0{}, cute::_1{}, r, x[r]);
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) store(cute::_1{}, cute::_2{}, r, x[r]);
     }
     if constexpr (!kExactMax) {
         CUTE_UNROLL
