@@ -6,7 +6,8 @@
 # shapes, which needs the peers' compare.py in $PEERS, default .peers; accum: how FP8 wgmma sums, for
 # precision "fast": ci/probes/fp8_accumulator.py).
 # --wheel WHEEL: the build step installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) instead
-# of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it).
+# of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it). A wheel built
+# with --no-build-isolation where jaxlib is missing has no JAX primitive, and the JAX tests fail on it.
 # A GPU machine without a package registry gets the CuTe/CUTLASS headers from a wheel carried in .whl/
 # (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
 set -uo pipefail
