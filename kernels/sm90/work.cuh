@@ -77,20 +77,43 @@ struct Scales {
 };
 
 // Q rows of an item into a tile in Q's swizzled layout (64-byte atoms, rows of d_qk bytes): its token's
-// heads head0 + head_offset .. + n_heads - 1, copied by threads first, first + step, ...; heads past
-// h_q become zero rows. One cp.async group.
-template <int D>
-__device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int64_t item, uint8_t* tile, int n_heads,
-                            int first, int step, int head_offset = 0) {
-    constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
+// heads head0 + head_offset .. + kHeads - 1, copied by kThreads threads (this one `first`); heads past
+// h_q become zero rows. One cp.async group. As the producers gather kv rows: four threads a row, each
+// its chunks part + 4 m, one swizzle atom column apart in the tile and 64 bytes apart in the row, so
+// that a row's copies take one address computation (a loop over every chunk with its own division,
+// 64-bit address and alignment test was 18% of dual_fast's consumer samples at width 128: PERF.md).
+template <int D, int kHeads, int kThreads, bool kOpaqueTile = false>
+__device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int64_t item, uint8_t* tile, int first,
+                            int head_offset = 0) {
+    constexpr int kRowsPerPass = kThreads / 4;
+    static_assert(kThreads % 4 == 0 && kHeads % kRowsPerPass == 0, "whole rows per pass");
+    // item and first (and, kOpaqueTile, tile) made opaque to the compiler: the addresses computed from
+    // them are computed here, each time, not hoisted out of the caller's item loop and held in
+    // registers across it, which spilled the kernels' out stores (which of the three: PERF.md)
+    if constexpr (kOpaqueTile) asm volatile("" : "+l"(item), "+r"(first), "+l"(tile));
+    else asm volatile("" : "+l"(item), "+r"(first));
     const auto [t, item_head0] = work.at(item);
-    const int64_t head0 = item_head0 + head_offset;
-    for (int u = first; u < n_heads * kChunks; u += step) {
-        const int r = u / kChunks, c = u % kChunks;
-        const bool valid = head0 + r < p.h_q;
-        const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + r) * p.q_stride_h + c * 16 : p.q;
-        copy_chunk(tile + sw64_chunk(r, c), src, valid, p.rows_16b_aligned);
-    }
+    const int part = first % 4;
+    const uint8_t* q_token = p.q + t * p.q_stride_s + 16 * part;
+    auto copy_rows = [&](auto aligned) {
+#pragma unroll 1
+        for (int pass = 0; pass < kHeads / kRowsPerPass; ++pass) {
+            const int r = first / 4 + pass * kRowsPerPass;
+            const int64_t h = item_head0 + head_offset + r;
+            const bool valid = h < p.h_q;
+            const uint8_t* src = valid ? q_token + h * p.q_stride_h : p.q;
+            uint8_t* dst = tile + sw64_chunk(r, part);
+            const uint32_t dst_shared = smem_u32(dst);  // (unused by byte copies)
+            if constexpr (aligned) {
+#pragma unroll
+                for (int m = 0; m < D / 64; ++m) cp_async_16(dst_shared + m * (kSlotsPerTile * 64), src + 64 * m, valid);
+            } else {  // byte copies, rare: kept a loop
+                for (int m = 0; m < D / 64; ++m) copy_chunk(dst + m * (kSlotsPerTile * 64), src + 64 * m, valid, false);
+            }
+        }
+    };
+    if (p.rows_16b_aligned) copy_rows(std::true_type{});
+    else copy_rows(std::false_type{});
     cute::cp_async_fence();
 }
 

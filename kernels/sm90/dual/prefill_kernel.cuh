@@ -184,7 +184,10 @@ __device__ void prefill(const SparseMlaParams& p) {
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
     // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
     // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
-    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
+    // (the tile opaque too: without, the exact kernel's out stores spilled at d_qk 512, 3-5% slower)
+    auto load_q = [&](int64_t item) {
+        load_q_rows<D, kHeadsPerCta, Traits::kConsumerThreads, true>(p, work, item, q_tile, tid);
+    };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     const uint64_t q_desc = q_descriptor<D>(q_tile, tid);

@@ -100,7 +100,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item as
     // soon as this item's last QK^T is done, so the epilogue hides it.
-    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
+    auto load_q = [&](int64_t item) { load_q_rows<D, kHeadsPerCta, Traits::kConsumerThreads>(p, work, item, q_tile, tid); };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     MmaPV mma_pv;

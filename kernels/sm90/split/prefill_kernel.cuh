@@ -93,7 +93,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     // Q of an item into its swizzled tile; heads past h_q are zero rows. Issued for the next item
     // once both warpgroups' last QK^T is done, so that the merge hides it.
-    auto load_q = [&](int64_t item) { load_q_rows<D>(p, work, item, q_tile, kHeadsPerCta, tid, Traits::kConsumerThreads); };
+    auto load_q = [&](int64_t item) { load_q_rows<D, kHeadsPerCta, Traits::kConsumerThreads>(p, work, item, q_tile, tid); };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
     const uint64_t q_desc = q_descriptor<D>(q_tile, wg_tid);

@@ -99,8 +99,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // tile loop it made ptxas spill there: 6% slower); the warpgroups share nothing else of an item,
     // so neither waits for the other's epilogue.
     auto load_q = [&](int64_t item) {
-        load_q_rows<D>(p, work, item, q_tile + wg * kHeadsPerWg * D, kHeadsPerWg, wg_tid, kWarpgroupThreads,
-                       wg * kHeadsPerWg);
+        load_q_rows<D, kHeadsPerWg, kWarpgroupThreads>(p, work, item, q_tile + wg * kHeadsPerWg * D, wg_tid, wg * kHeadsPerWg);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 

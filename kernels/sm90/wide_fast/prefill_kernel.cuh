@@ -109,7 +109,7 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     // Q of this warpgroup's heads of an item into its swizzled tile; heads past h_q are zero rows.
     auto load_q = [&](int64_t item) {
-        load_q_rows<D>(p, work, item, my_q, kHeadsPerWg, wg_tid, kWarpgroupThreads, wg * kHeadsPerWg);
+        load_q_rows<D, kHeadsPerWg, kWarpgroupThreads>(p, work, item, my_q, wg_tid, wg * kHeadsPerWg);
     };
     if (blockIdx.x < n_items) load_q(blockIdx.x);
 
