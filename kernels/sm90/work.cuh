@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include <cute/arch/copy_sm80.hpp>
 
 #include "params.h"
@@ -92,19 +94,19 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
     // registers across it, which spilled the kernels' out stores (which of the three: PERF.md)
     if constexpr (kOpaqueTile) asm volatile("" : "+l"(item), "+r"(first), "+l"(tile));
     else asm volatile("" : "+l"(item), "+r"(first));
-    const auto [t, item_head0] = work.at(item);
+    const WorkItems::Item at = work.at(item);
     const int part = first % 4;
-    const uint8_t* q_token = p.q + t * p.q_stride_s + 16 * part;
+    const uint8_t* q_token = p.q + at.token * p.q_stride_s + 16 * part;
     auto copy_rows = [&](auto aligned) {
 #pragma unroll 1
         for (int pass = 0; pass < kHeads / kRowsPerPass; ++pass) {
             const int r = first / 4 + pass * kRowsPerPass;
-            const int64_t h = item_head0 + head_offset + r;
+            const int64_t h = at.head0 + head_offset + r;
             const bool valid = h < p.h_q;
             const uint8_t* src = valid ? q_token + h * p.q_stride_h : p.q;
             uint8_t* dst = tile + sw64_chunk(r, part);
-            const uint32_t dst_shared = smem_u32(dst);  // (unused by byte copies)
             if constexpr (aligned) {
+                const uint32_t dst_shared = smem_u32(dst);
 #pragma unroll
                 for (int m = 0; m < D / 64; ++m) cp_async_16(dst_shared + m * (kSlotsPerTile * 64), src + 64 * m, valid);
             } else {  // byte copies, rare: kept a loop
