@@ -89,6 +89,7 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
                             int head_offset = 0) {
     constexpr int kRowsPerPass = kThreads / 4;
     static_assert(kThreads % 4 == 0 && kHeads % kRowsPerPass == 0, "whole rows per pass");
+    static_assert(kHeads == kSlotsPerTile, "a Q tile of a landing tile's rows (sw64_chunk's atom columns)");
     // item and first (and, kOpaqueTile, tile) made opaque to the compiler: the addresses computed from
     // them are computed here, each time, not hoisted out of the caller's item loop and held in
     // registers across it, which spilled the kernels' out stores (which of the three: PERF.md)

@@ -184,7 +184,7 @@ __device__ void prefill(const SparseMlaParams& p) {
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
     // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
     // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
-    // (the tile opaque too: without, the exact kernel's out stores spilled at d_qk 512, 3-5% slower)
+    // (the tile opaque too: without, the exact kernel's out stores spilled at d_qk 512, 2-10% slower)
     auto load_q = [&](int64_t item) {
         load_q_rows<D, kHeadsPerCta, Traits::kConsumerThreads, true>(p, work, item, q_tile, tid);
     };
