@@ -33,7 +33,10 @@ using V16Tile = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<cu
 template <int kSlots>
 using VtTile = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<cute::float_e4m3_t>{},
                                             cute::Shape<cute::Int<kDv>, cute::Int<kSlots>>{}));
-static_assert(E4m3Tile<kSlotsPerTile, kDv>{}(0, 64) == kSlotsPerTile * 64, "64-byte atom columns of an e4m3 tile");
+// Bytes between a row's 16-byte chunks c and c + 4 in an e4m3 tile of kSlotsPerTile rows: one 64-byte
+// swizzle atom column (sw64_chunk).
+constexpr int kE4m3AtomColumnBytes = kSlotsPerTile * 64;
+static_assert(E4m3Tile<kSlotsPerTile, kDv>{}(0, 64) == kE4m3AtomColumnBytes, "64-byte atom columns of an e4m3 tile");
 
 // The slot at K position k (< 32) of an FP8 P.V whose e4m3 P (the A, from registers) a thread makes
 // from its own m64n32 S accumulator: A register j holds K positions 4 tig .. 4 tig + 3 (+ 16 for j >= 2)

@@ -109,9 +109,9 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
             if constexpr (aligned) {
                 const uint32_t dst_shared = smem_u32(dst);
 #pragma unroll
-                for (int m = 0; m < D / 64; ++m) cp_async_16(dst_shared + m * (kSlotsPerTile * 64), src + 64 * m, valid);
+                for (int m = 0; m < D / 64; ++m) cp_async_16(dst_shared + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
             } else {  // byte copies, rare: kept a loop
-                for (int m = 0; m < D / 64; ++m) copy_chunk(dst + m * (kSlotsPerTile * 64), src + 64 * m, valid, false);
+                for (int m = 0; m < D / 64; ++m) copy_chunk(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
             }
         }
     };
@@ -264,7 +264,6 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     constexpr int kThreadsPerRow = K::kProducerThreads / kHalfSlots;
     static_assert(kThreadsPerRow == 4, "a row's threads cover one 64-byte e4m3 atom row");
     const int row = ptid / kThreadsPerRow, part = ptid % kThreadsPerRow;
-    constexpr int kLandingAtomColumnBytes = kSlotsPerTile * 64;
     constexpr int kV16AtomColumnBytes = kSlotsPerTile * 128;
 
     // This CTA's tiles in order, across its items: the cursor of the next tile to gather.
@@ -297,11 +296,11 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             if (p.rows_16b_aligned) {
                 const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
 #pragma unroll
-                for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
+                for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
             } else {
                 uint8_t* dst = landing(buffer) + row_chunk[half];
                 for (int m = 0; m < kChunksPerThread; ++m)
-                    copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
+                    copy_chunk(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
             }
         }
         cute::cp_async_fence();
@@ -312,7 +311,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     const uint32_t v16_lo[2] = {sw128_byte(row, 16 * part), sw128_byte(kHalfSlots + row, 16 * part)};
     const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
     auto convert_v = [&](int buffer, int half) {
-        convert_row_v<kLandingAtomColumnBytes, kV16AtomColumnBytes>(landing(buffer) + row_chunk[half], v16 + v16_lo[half],
+        convert_row_v<kE4m3AtomColumnBytes, kV16AtomColumnBytes>(landing(buffer) + row_chunk[half], v16 + v16_lo[half],
                                                                     v16 + v16_hi[half]);
     };
 

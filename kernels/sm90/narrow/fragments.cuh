@@ -26,7 +26,7 @@ __device__ inline uint32_t ldmatrix_lane_offset(int lane) {
     return r * 64 + (((i / 2) ^ ((r / 2) % 4)) * 16);
 }
 __device__ inline uint32_t ldmatrix_at(uint32_t tile, int row0, int c, uint32_t lane_offset) {
-    return tile + (c / 4) * (kSlotsPerTile * 64) + row0 * 64 + ((c % 4) ? (lane_offset ^ 32) : lane_offset);
+    return tile + (c / 4) * kE4m3AtomColumnBytes + row0 * 64 + ((c % 4) ? (lane_offset ^ 32) : lane_offset);
 }
 // Q K^T's k order: a non-transposed matrix gives lane (gid, tig) bytes 4 tig .. 4 tig + 3 of its
 // row (slot gid); converted, the first pair is B's k rows 2 tig, 2 tig + 1 and the second k rows

@@ -89,10 +89,10 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 const uint32_t dst = landing0 + b * (kSlotsPerTile * D) + 8 * kProducerWarps * k * 64;
                 if (aligned) {
 #pragma unroll
-                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * (kSlotsPerTile * 64), src + 64 * m, valid);
+                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
                 } else {
                     uint8_t* d = landing + (dst - smem_u32(landing));
-                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * (kSlotsPerTile * 64), src + 64 * m, valid, false);
+                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
                 }
             }
             arrive(bars.full(b));
