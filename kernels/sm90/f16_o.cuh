@@ -198,7 +198,7 @@ struct SoftmaxRows {
                                  float (&alpha)[2]) {
         static_assert(kAcc % 16 == 0, "whole half tiles: the A of k32 steps");
         static_assert(sizeof(Valid) * 8 >= 2 * kAcc, "a validity bit per slot");
-        constexpr float kMaxPBits = 8.f;  // 2^8 <= e4m3's 448
+        constexpr int kMaxPBits = 8;  // 2^8 <= e4m3's 448
         // the rows' sum that O may reach: 65504 / 448, less P's rounding (RN, 2^-4) and a margin
         constexpr float kOBudget = 65504.f / (448.f * 1.07f);
         constexpr float kSlots = 2 * kAcc;  // of a row, in these half tiles
@@ -210,7 +210,7 @@ struct SoftmaxRows {
             alpha[r] = 1.f;
             if (max[r] == -CUDART_INF_F) continue;
             const float l = ref[r] == -CUDART_INF_F ? 0.f : row_sum * exp2f(ref[r] - max[r]);  // relative to 2^max
-            const float need = max[r] - fminf(kMaxPBits, floorf(log2f(kOBudget / (l + kSlots))));
+            const float need = max[r] - static_cast<float>(::min(kMaxPBits, floor_log2_ratio(kOBudget, l + kSlots)));
             if (need == ref[r]) continue;
             alpha[r] = ref[r] == -CUDART_INF_F ? 0.f : exp2f(ref[r] - need);
             ref[r] = need;
