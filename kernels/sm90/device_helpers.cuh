@@ -169,6 +169,15 @@ __device__ inline void cp_async_16(uint32_t dst, const uint8_t* src, bool valid)
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 
+// One of four threads' share of an e4m3 row: its kChunks 16-byte chunks, 64 bytes apart in the row from
+// src and kColumnBytes (a swizzle atom column) apart in the tile from dst, by cp.async into the shared
+// window; zeros when !valid (src is then not read).
+template <int kChunks, int kColumnBytes>
+__device__ inline void cp_async_row_share(uint32_t dst, const uint8_t* src, bool valid) {
+#pragma unroll
+    for (int m = 0; m < kChunks; ++m) cp_async_16(dst + m * kColumnBytes, src + 64 * m, valid);
+}
+
 // 16 bytes of a row into shared memory; zeros when !valid, and then src is never dereferenced.
 __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, bool aligned) {
     if (aligned) {
@@ -178,6 +187,12 @@ __device__ inline void copy_chunk(uint8_t* dst, const uint8_t* src, bool valid, 
     } else {
         for (int i = 0; i < 16; ++i) dst[i] = 0;
     }
+}
+
+// cp_async_row_share by byte copies, for rows that are not 16-byte aligned (rare: kept a loop).
+template <int kChunks, int kColumnBytes>
+__device__ inline void copy_row_share(uint8_t* dst, const uint8_t* src, bool valid) {
+    for (int m = 0; m < kChunks; ++m) copy_chunk(dst + m * kColumnBytes, src + 64 * m, valid, false);
 }
 
 // 16 bytes of a row from global memory.

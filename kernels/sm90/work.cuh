@@ -106,13 +106,8 @@ __device__ void load_q_rows(const SparseMlaParams& p, const WorkItems& work, int
             const bool valid = h < p.h_q;
             const uint8_t* src = valid ? q_token + h * p.q_stride_h : p.q;
             uint8_t* dst = tile + sw64_chunk(r, part);
-            if constexpr (aligned) {
-                const uint32_t dst_shared = smem_u32(dst);
-#pragma unroll
-                for (int m = 0; m < D / 64; ++m) cp_async_16(dst_shared + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
-            } else {  // byte copies, rare: kept a loop
-                for (int m = 0; m < D / 64; ++m) copy_chunk(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
-            }
+            if constexpr (aligned) cp_async_row_share<D / 64, kE4m3AtomColumnBytes>(smem_u32(dst), src, valid);
+            else copy_row_share<D / 64, kE4m3AtomColumnBytes>(dst, src, valid);
         }
     };
     if (p.rows_16b_aligned) copy_rows(std::true_type{});
@@ -293,15 +288,11 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
             // the aligned rows on their own path: one loop through copy_chunk for both kinds does
             // not unroll and made the kernel 12% slower (PERF-HISTORY.md)
-            if (p.rows_16b_aligned) {
-                const uint32_t dst = landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half];
-#pragma unroll
-                for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
-            } else {
-                uint8_t* dst = landing(buffer) + row_chunk[half];
-                for (int m = 0; m < kChunksPerThread; ++m)
-                    copy_chunk(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
-            }
+            if (p.rows_16b_aligned)
+                cp_async_row_share<kChunksPerThread, kE4m3AtomColumnBytes>(landing0 + buffer * e4m3_tile_bytes(D) + row_chunk[half],
+                                                                           src, valid);
+            else
+                copy_row_share<kChunksPerThread, kE4m3AtomColumnBytes>(landing(buffer) + row_chunk[half], src, valid);
         }
         cute::cp_async_fence();
     };
@@ -312,7 +303,7 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     const uint32_t v16_hi[2] = {sw128_byte(row, 16 * part + 8), sw128_byte(kHalfSlots + row, 16 * part + 8)};
     auto convert_v = [&](int buffer, int half) {
         convert_row_v<kE4m3AtomColumnBytes, kV16AtomColumnBytes>(landing(buffer) + row_chunk[half], v16 + v16_lo[half],
-                                                                    v16 + v16_hi[half]);
+                                                                 v16 + v16_hi[half]);
     };
 
     // Tile i + kBuffers - 1 is gathered while tile i is computed. One cp.async group per

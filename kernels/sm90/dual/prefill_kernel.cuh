@@ -79,14 +79,10 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
         const bool valid = work.in_range(j);
         // an invalid row is zero-filled: cp.async then reads nothing at src
         const uint8_t* src = p.kv + (valid ? j * p.kv_stride_s : 0) + 16 * part;
-        if (p.rows_16b_aligned) {
-            const uint32_t dst = landing0_shared + buffer * half_tile_bytes(D);
-#pragma unroll
-            for (int m = 0; m < kChunksPerThread; ++m) cp_async_16(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid);
-        } else {
-            uint8_t* dst = landing0 + buffer * half_tile_bytes(D) + row_chunk;
-            for (int m = 0; m < kChunksPerThread; ++m) copy_chunk(dst + m * kLandingAtomColumnBytes, src + 64 * m, valid, false);
-        }
+        if (p.rows_16b_aligned)
+            cp_async_row_share<kChunksPerThread, kLandingAtomColumnBytes>(landing0_shared + buffer * half_tile_bytes(D), src, valid);
+        else
+            copy_row_share<kChunksPerThread, kLandingAtomColumnBytes>(landing0 + buffer * half_tile_bytes(D) + row_chunk, src, valid);
         cute::cp_async_fence();
     };
     // V of the row's chunks in fp16: columns 16 part + 64 m .. + 15, two 16-byte pieces per chunk

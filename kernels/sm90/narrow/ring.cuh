@@ -87,13 +87,8 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
                 const bool valid = work.in_range(j[k]);
                 const uint8_t* src = p.kv + (valid ? j[k] * p.kv_stride_s : 0) + 16 * part;
                 const uint32_t dst = landing0 + b * (kSlotsPerTile * D) + 8 * kProducerWarps * k * 64;
-                if (aligned) {
-#pragma unroll
-                    for (int m = 0; m < D / 64; ++m) cp_async_16(dst + m * kE4m3AtomColumnBytes, src + 64 * m, valid);
-                } else {
-                    uint8_t* d = landing + (dst - smem_u32(landing));
-                    for (int m = 0; m < D / 64; ++m) copy_chunk(d + m * kE4m3AtomColumnBytes, src + 64 * m, valid, false);
-                }
+                if (aligned) cp_async_row_share<D / 64, kE4m3AtomColumnBytes>(dst, src, valid);
+                else copy_row_share<D / 64, kE4m3AtomColumnBytes>(landing + (dst - smem_u32(landing)), src, valid);
             }
             arrive(bars.full(b));
         }
