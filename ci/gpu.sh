@@ -2,11 +2,12 @@
 # The GPU machine's one call: build and install (or install a wheel built elsewhere), then the GPU
 # suite, the demo, the benchmark and the sanitizers. Logs go to $OUT.
 # Usage: ci/gpu.sh [--wheel WHEEL] [build] [test] [frameworks] [demo] [bench] [sanitize] [floor] [accum]
-#                  [stores]
-# (default: all but frameworks, floor, accum and stores; floor: the narrow kernels' gather floor on the
-# serving shapes, which needs the peers' compare.py in $PEERS, default .peers; accum: how FP8 wgmma
-# sums, for precision "fast": ci/probes/fp8_accumulator.py; stores: what an item's out costs to store,
-# ci/probes/out_stores.cu).
+#                  [stores] [cluster]
+# (default: all but frameworks and the probes; floor: the narrow kernels' gather floor on the serving
+# shapes, which needs the peers' compare.py in $PEERS, default .peers; accum: how FP8 wgmma sums, for
+# precision "fast": ci/probes/fp8_accumulator.py; stores: what an item's out costs to store,
+# ci/probes/out_stores.cu; cluster: a partial S's round trip between a cluster's two CTAs,
+# ci/probes/cluster_exchange.cu).
 # --wheel WHEEL: the build step installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) instead
 # of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it). A wheel built
 # with --no-build-isolation where jaxlib is missing has no JAX primitive, and the JAX tests fail on it.
@@ -82,8 +83,15 @@ if step accum; then
     python3 ci/probes/fp8_accumulator.py "$OUT/fp8_accumulator.fatbin" 2>&1 | tee "$OUT/accum.log"
   record $? "FP8 accumulator probe"
 fi
+probe_program() {  # ci/probes/$1.cu, a program of its own, built and run; its output to $OUT/$2.log
+  nvcc -O3 -arch=sm_90a -std=c++17 -o "/tmp/$1" "ci/probes/$1.cu" && "/tmp/$1" 2>&1 | tee "$OUT/$2.log"
+}
 if step stores; then
-  nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/out_stores ci/probes/out_stores.cu && /tmp/out_stores 2>&1 | tee "$OUT/stores.log"
+  probe_program out_stores stores
   record $? "out stores probe"
+fi
+if step cluster; then
+  probe_program cluster_exchange cluster
+  record $? "cluster exchange probe"
 fi
 exit $status
