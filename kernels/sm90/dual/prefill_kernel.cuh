@@ -178,8 +178,8 @@ __device__ void prefill(const SparseMlaParams& p) {
     const int lane = me.lane, tig = me.tig, row0 = me.row0;
 
     // Q of an item into its swizzled tile (heads past h_q are zero rows), issued for the next item
-    // once this one's exact max has read it there: 12% faster than issuing it after the last QK^T and
-    // reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
+    // once this one's exact max has read it there (write_item's q_read): 12% faster than issuing it
+    // after the last QK^T and reading the exact max's Q rows from global memory (PERF-HISTORY.md, v19)
     // (the tile opaque too: without, the exact kernel's out stores spilled at d_qk 512, 2-10% slower)
     auto load_q = [&](int64_t item) {
         load_q_rows<D, kHeadsPerCta, Traits::kConsumerThreads, true>(p, work, item, q_tile, tid);
@@ -254,11 +254,10 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
-        write_item<D, !kFast>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile);
-        if constexpr (!kFast) {
+        write_item<D, !kFast>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile, [&] {
             bar_sync(kQBar, Traits::kConsumerThreads);  // every row of Q read
             if (more) load_q(item + gridDim.x);
-        }
+        });
     }
 }
 

@@ -157,9 +157,11 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, Traits::kThreads);
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D);
-        bar_sync(kQBar0 + wg, kWarpgroupThreads);
-        if (more) load_q(item + gridDim.x);
+        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D,
+                      [&] {
+                          bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
+                          if (more) load_q(item + gridDim.x);
+                      });
     }
 }
 

@@ -201,9 +201,10 @@ __device__ void prefill(const SparseMlaParams& p) {
             each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
             bar_arrive(kVtEmptyBar0 + last_vt, Traits::kThreads);
         }
-        write_item<D, true>(p, work, scale, it.t, it.head0, n_slots, idx_row, rows, o, 0.f, row0, tig, my_q);
-        bar_sync(kQBar0 + wg, kWarpgroupThreads);
-        if (it.more) load_q(item + gridDim.x);
+        write_item<D, true>(p, work, scale, it.t, it.head0, n_slots, idx_row, rows, o, 0.f, row0, tig, my_q, [&] {
+            bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
+            if (it.more) load_q(item + gridDim.x);
+        });
     }
     // warpgroup 1 passed the turn once more than warpgroup 0 took it
     if (wg == 0) take_turn();
