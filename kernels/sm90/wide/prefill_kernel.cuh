@@ -160,7 +160,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D,
                       [&] {
                           bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
-                          if (more) load_q(item + gridDim.x);
+                          if (item + gridDim.x < n_items) load_q(item + gridDim.x);
                       });
     }
 }
