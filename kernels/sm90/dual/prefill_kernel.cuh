@@ -16,7 +16,7 @@
 //   4. online softmax in base 2 (validity from the indices), P (fp16) in registers as the A of P.V,
 //      O += P V in f16;
 //   5. at an item's end, out, and max_logits and lse with the running max's logit recomputed exactly
-//      (its Q rows from the Q tile; the next item's Q loads after).
+//      (its Q rows from the Q tile; the next item's Q loads under its sums).
 // Under precision "fast" (dual_fast) QK^T's tensor-core sums run over several K steps, the producer
 // transposes V into an e4m3 V^T tile instead of converting it, P is e4m3 and P.V an FP8 wgmma
 // (m64n256k32) into the same f16 O, and max_logits and lse come from the running max.

@@ -21,7 +21,7 @@
 // and its softmax of tile i runs under the other's wgmmas. Named barriers pass the turn. (A model of
 // the synchronization, checked under random schedules on the CPU: ci/models/wide_fast_sync.py.)
 // The grid is persistent (one CTA per SM, items taken in turn): the producer's stream of tiles runs
-// on from one item into the next, and each warpgroup loads its next Q under its last P.V.
+// on from one item into the next, and each warpgroup loads its next Q under its exact max's sums.
 #pragma once
 
 #include <cuda_bf16.h>
