@@ -149,21 +149,23 @@ struct SoftmaxRows {
     }
     // S of half tile h of tile `tile` (element i is slot 32 h + acc_col(i); `valid` the half's
     // validity bits, from its slot 0: a word, or more for S of a whole tile, h 0) as base-2 logits
-    // with their slots (invalid slots -inf), into the running max.
-    template <int kAcc, class Valid>
+    // with their slots (invalid slots -inf), into the running max. kWithSlots false: no exact max will
+    // ask which slot the max is, and the logits keep their low bits (dual_fast).
+    template <bool kWithSlots = true, int kAcc, class Valid>
     __device__ void take_half(float (&s)[kAcc], Valid valid, int h, int tile, int tig, float logit_scale) {
         float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
         valid >>= 2 * tig;
         CUTE_UNROLL
         for (int i = 0; i < kAcc; ++i) {
-            const int slot = kSlotsPerTile / 2 * h + acc_col(i, tig);
-            s[i] = (valid >> acc_col(i, 0)) & 1 ? with_slot(s[i] * logit_scale, slot) : -CUDART_INF_F;
+            const float logit = s[i] * logit_scale;
+            s[i] = (valid >> acc_col(i, 0)) & 1 ? (kWithSlots ? with_slot(logit, kSlotsPerTile / 2 * h + acc_col(i, tig)) : logit)
+                                                : -CUDART_INF_F;
             tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], s[i]);
         }
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
             const float new_max = fmaxf(max[r], quad_max(tile_max[r]));
-            if (new_max > max[r]) max_tile[r] = tile;
+            if (kWithSlots && new_max > max[r]) max_tile[r] = tile;
             max[r] = new_max;
         }
     }
@@ -193,7 +195,7 @@ struct SoftmaxRows {
     // does it, once no P.V runs on O; 1 where it stays); returns whether some row of the warp moved.
     // The sums are of P before its rounding. (PERF.md: the float64 simulation behind each choice; at
     // SGLang's error, 0.98-1.09x of it, at topk 128-2048.)
-    template <int kAcc, class Valid>
+    template <bool kWithSlots = true, int kAcc, class Valid>
     __device__ bool softmax_e4m3(float (&s)[kAcc], Valid valid, int h, int tile, int tig, float logit_scale,
                                  float (&alpha)[2]) {
         static_assert(kAcc % 16 == 0, "whole half tiles: the A of k32 steps");
@@ -202,7 +204,7 @@ struct SoftmaxRows {
         // the rows' sum that O may reach: 65504 / 448, less P's rounding (RN, 2^-4) and a margin
         constexpr float kOBudget = 65504.f / (448.f * 1.07f);
         constexpr float kSlots = 2 * kAcc;  // of a row, in these half tiles
-        take_half(s, valid, h, tile, tig, logit_scale);
+        take_half<kWithSlots>(s, valid, h, tile, tig, logit_scale);
         bool behind = false;
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {

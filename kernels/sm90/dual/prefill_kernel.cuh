@@ -230,7 +230,7 @@ __device__ void prefill(const SparseMlaParams& p) {
                 const uint32_t valid = __ballot_sync(0xffffffffu, lane_valid);
                 if constexpr (kFast) {
                     float alpha[2];
-                    follow_ref(o, rows.softmax_e4m3(s, valid, h, tile, tig, scale.logit, alpha), alpha);
+                    follow_ref(o, rows.softmax_e4m3<false>(s, valid, h, tile, tig, scale.logit, alpha), alpha);
                     e4m3_p(s, pa[h]);
                 } else {
                     rows.softmax_half(s, valid, h, tile, tig, scale.logit, p_shift, o, pr[h]);
