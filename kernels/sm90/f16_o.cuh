@@ -266,15 +266,17 @@ __device__ inline float p_shift_for(int64_t slots) {
 
 // An item's end for a warpgroup holding all of O of its 64 heads (head0 ..; rows row0 and row0 + 8
 // of this thread) in f16: out, then max_logits and lse. The exact max reads its Q rows from q_tile,
-// the item's Q tile (an E4m3Tile), into registers once O's are free (one fewer round trip than
-// global memory: PERF-HISTORY.md, v19), then calls q_read(), after which the caller may load the
-// next item's Q there: its copies run under the exact max's loads of kv rows and sums. Under
-// precision "fast" (kExactMax false) max_logits is the running max as the tensor cores summed it,
-// and nothing is recomputed (nor q_read called).
-template <int D, bool kExactMax = true, class QRead>
+// the item's Q tile (an E4m3Tile) (one fewer round trip than global memory: PERF-HISTORY.md, v19):
+// into registers once O's are free, then it calls q_read(), after which the caller may load the
+// next item's Q there, its copies under the exact max's loads of kv rows and sums; or, q_read
+// nullptr, inside the sums, the tile kept until write_item returns. Under precision "fast"
+// (kExactMax false) max_logits is the running max as the tensor cores summed it, and nothing is
+// recomputed (nor q_read called).
+template <int D, bool kExactMax = true, class QRead = std::nullptr_t>
 __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& work, const Scales& scale, int64_t t,
                                   int64_t head0, int64_t n_slots, const int32_t* idx_row, const SoftmaxRows& rows,
-                                  const F16O& o, float p_shift, int row0, int tig, const uint8_t* q_tile, QRead q_read) {
+                                  const F16O& o, float p_shift, int row0, int tig, const uint8_t* q_tile,
+                                  QRead q_read = nullptr) {
     constexpr int kChunks = D / 16;  // 16-byte chunks of an e4m3 row
     // out, then max_logits and lse, per row: the running max's slot is recomputed exactly (fp32
     // sums of the e4m3 products) and its exact term replaces its tensor-core one in the sum. The
@@ -347,19 +349,22 @@ __device__ inline void write_item(const SparseMlaParams& p, const WorkItems& wor
     };
     if (p.rows_16b_aligned) load_rows(std::true_type{});
     else load_rows(std::false_type{});
+    auto q_chunk = [&](int r, int m) { return *reinterpret_cast<const uint4*>(q_tile + sw64_chunk(row0 + 8 * r, tig + 4 * m)); };
+    constexpr bool kQRead = !std::is_same_v<QRead, std::nullptr_t>;
     uint4 qc[2][kChunksPerThread];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)
+    if constexpr (kQRead) {
         CUTE_UNROLL
-        for (int m = 0; m < kChunksPerThread; ++m)
-            qc[r][m] = *reinterpret_cast<const uint4*>(q_tile + sw64_chunk(row0 + 8 * r, tig + 4 * m));
-    q_read();
+        for (int r = 0; r < 2; ++r)
+            CUTE_UNROLL
+            for (int m = 0; m < kChunksPerThread; ++m) qc[r][m] = q_chunk(r, m);
+        q_read();
+    }
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
         float dot = 0.f;
         if (exact[r]) {
             CUTE_UNROLL
-            for (int m = 0; m < kChunksPerThread; ++m) dot = dot_e4m3x16(qc[r][m], kc[r][m], dot);
+            for (int m = 0; m < kChunksPerThread; ++m) dot = dot_e4m3x16(kQRead ? qc[r][m] : q_chunk(r, m), kc[r][m], dot);
         }
         const float exact_max = exact_logit(p, scale, dot);
         const int64_t h = head0 + row0 + 8 * r;

@@ -157,11 +157,19 @@ __device__ void prefill(const SparseMlaParams& p) {
         warpgroup_wait<0>();
         each_word(o, [](uint32_t& x) { warpgroup_fence_operand(x); });
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, Traits::kThreads);
-        write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile + wg * kHeadsPerWg * D,
-                      [&] {
-                          bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
-                          if (item + gridDim.x < n_items) load_q(item + gridDim.x);
-                      });
+        auto next_q = [&] {
+            bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
+            if (item + gridDim.x < n_items) load_q(item + gridDim.x);
+        };
+        // the next Q under the exact max's sums, except at d_qk 576, where ptxas then spills P.V's
+        // descriptors in the tile loop (0.989-0.997x on A, B, C and V3.2 DP; PERF-HISTORY.md, qregs)
+        uint8_t* my_q = q_tile + wg * kHeadsPerWg * D;
+        if constexpr (D <= 512) {
+            write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, my_q, next_q);
+        } else {
+            write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, my_q);
+            next_q();
+        }
     }
 }
 
