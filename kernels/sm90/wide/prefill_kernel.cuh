@@ -161,8 +161,9 @@ __device__ void prefill(const SparseMlaParams& p) {
             bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
             if (item + gridDim.x < n_items) load_q(item + gridDim.x);
         };
-        // the next Q under the exact max's sums, except at d_qk 576, where ptxas then spills P.V's
-        // descriptors in the tile loop (0.989-0.997x on A, B, C and V3.2 DP; PERF-HISTORY.md, qregs)
+        // the next Q under the exact max's sums up to d_qk 512; at 576 ptxas then spills P.V's
+        // descriptors into the tile loop (0.989-0.997x on A, B, C and V3.2 DP: PERF-HISTORY.md,
+        // qregs), so there the sums read the Q tile and the next Q follows them
         uint8_t* my_q = q_tile + wg * kHeadsPerWg * D;
         if constexpr (D <= 512) {
             write_item<D>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, my_q, next_q);
