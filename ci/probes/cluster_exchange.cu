@@ -39,6 +39,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads) v1(float* 
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
+// Until the mbarrier at shared address bar has completed the phase of this parity.
+__device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+
 template <int kBytes>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads) v2(float* sink, long long* cycles) {
     extern __shared__ __align__(128) float buf[];  // [0, kBytes): received; [kBytes, 2 kBytes): mine
@@ -66,17 +72,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads) v2(float* 
             // my buffer will receive kBytes this phase
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full)), "r"(kBytes) : "memory");
             // the peer's buffer is free once it read the last one (not on the first iteration)
-            if (it > 0) {
-                asm volatile(
-                    "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(smem_u32(&free_)),
-                    "r"(phase ^ 1) : "memory");
-            }
+            if (it > 0) wait_parity(smem_u32(&free_), phase ^ 1);
             asm volatile(
                 "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(peer_buf),
                 "r"(smem_u32(mine)), "r"(kBytes), "r"(peer_full) : "memory");
         }
-        asm volatile("{\n.reg .pred p;\nW2: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W2;\n}" ::"r"(smem_u32(&full)),
-                     "r"(phase) : "memory");
+        wait_parity(smem_u32(&full), phase);
         acc += buf[threadIdx.x * 4 + (it & 7)];
         __syncthreads();  // every thread read: tell the peer its next copy may come
         if (threadIdx.x == 0)
