@@ -12,10 +12,11 @@ __device__ void gather_only(const SparseMlaParams& p) {
     constexpr int kConsumerThreads = Shape<kMTileHeads>::kConsumerThreads;
     const WorkItems work(p, kMTileHeads);
     const RingBarriers<kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
+    const RingValidity validity{reinterpret_cast<uint32_t*>(smem + L::kValid)};
     if (threadIdx.x == 0) bars.init(kConsumerThreads);
     __syncthreads();
     if (threadIdx.x >= kConsumerThreads) {
-        produce<D, kMTileHeads, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, threadIdx.x - kConsumerThreads);
+        produce<D, kMTileHeads, kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, validity, threadIdx.x - kConsumerThreads);
         return;
     }
     RingCursor at;

@@ -18,6 +18,8 @@ constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory all
 // shares with it (whose lag the group's per-tile barrier passes on to every warp): 2-3.5% faster on
 // narrow16's serving shapes, narrow8 unchanged (PERF.md, narrow v7).
 constexpr int kProducerWarps = 2;
+// A producer lane's rows of a tile: lane / 4 + 8 (kProducerWarps k + its warp), k < kRowSets.
+constexpr int kRowSets = kSlotsPerTile / 8 / kProducerWarps;
 
 // A CTA of kHeads heads: 8 heads as the MMA's N (one group of 4 consumer warps), or kHeads / 16 M
 // tiles of 16 heads, 4 consumer warps each; and the producer warps. One group runs two CTAs per SM
@@ -49,6 +51,8 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 //     swizzled so that ldmatrix reads 8 rows of one chunk conflict-free;
 //   the Q tile [head][d_qk] e4m3 (the producer loads the next item's once the consumers took this one's);
 //   the mbarriers of the ring and of Q;
+//   the ring's validity words: per tile, each producer warp's ballot of its rows' validity for each
+//     of its row sets k (RingValidity);
 //   Q in fp16, in the order of the MMA's fragments (per 16-column chunk and lane);
 //   what the consumers exchange per tile (Shape::kExchangeBytes), double-buffered, and at an item's end.
 // The probe of the gather floor (ci/probes) uses only what comes before q16.
@@ -68,7 +72,9 @@ struct Layout {
     static constexpr int kQ8 = kBuffers * kTileBytes;
     static constexpr int kBarriers = kQ8 + kQ8Bytes;  // full[kBuffers], empty[kBuffers], q_full, q_empty
     static constexpr int kBarrierBytes = (2 * kBuffers + 2) * 8;
-    static constexpr int kQ16 = (kBarriers + kBarrierBytes + 127) / 128 * 128;
+    static constexpr int kValid = kBarriers + kBarrierBytes;
+    static constexpr int kValidBytes = kBuffers * kRowSets * kProducerWarps * 4;
+    static constexpr int kQ16 = (kValid + kValidBytes + 127) / 128 * 128;
     static constexpr int kX = kQ16 + kQ16Bytes;
     static constexpr int kSums = kX + 2 * kXBytes;
     static constexpr int kBytes = kSums + kSumsBytes;

@@ -46,7 +46,8 @@ struct Exchange {
 // 16 q + 15 of each tile and owns O's columns 128 q .. 128 q + 127.
 template <int D, int kMTiles, int kBuffers>
 __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
-                                   uint4* q16, uint8_t* xchg, float4* sums, const RingBarriers<kBuffers>& bars) {
+                                   uint4* q16, uint8_t* xchg, float4* sums, const RingBarriers<kBuffers>& bars,
+                                   const RingValidity& validity) {
     constexpr int kChunks = D / 16;
     constexpr float kSlack = 8.f;  // P <= 2^kSlack: O and the sums are rescaled only past it
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -78,7 +79,6 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             }
             continue;
         }
-        const int32_t* idx_row = work.indices_of(t);
         {  // the M tile's Q into fp16 A fragments: (gid, tig) of chunk c holds heads gid and gid + 8 at
            // columns 16 c + 4 tig .. + 3, in the k order of fragments.cuh
             mbar_wait(bars.q_full(), at.q & 1);
@@ -107,17 +107,11 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
         const int n_tiles = WorkItems::tiles_of(n_slots);
         for (int tile = 0; tile < n_tiles; ++tile, ++at.tile) {
             const int b = at.tile % kBuffers;
-            // the validity of this thread's S slots 16 q + 8 j + 2 tig + e
-            bool valid[2][2];
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int64_t slot = int64_t{tile} * kSlotsPerTile + 16 * q + 8 * j + 2 * tig + e;
-                    valid[j][e] = slot < n_slots && work.in_range(__ldg(idx_row + slot));
-                }
             const uint32_t tile_s = landing0 + b * (kSlotsPerTile * D);
             mbar_wait(bars.full(b), (at.tile / kBuffers) & 1);
+            // the validity of this thread's S slots 16 q + 8 j + 2 tig + e: bits 8 tig + 4 e
+            const uint2 rows_valid = validity.rows(b, q);
+            const uint32_t valid_bits[2] = {rows_valid.x >> 8 * tig, rows_valid.y >> 8 * tig};
 
             // 2. S on this warp's 16 slots (n8 tiles j = 0, 1), two partial sums per tile for ILP
             float acc[2][2][4] = {};
@@ -142,7 +136,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    sv[j][e] = valid[j][e % 2] ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
+                    sv[j][e] = valid_bits[j] >> 4 * (e % 2) & 1 ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
                     warp_max[e / 2] = fmaxf(warp_max[e / 2], sv[j][e]);
                 }
             const Exchange x = exchange(at.tile % 2);

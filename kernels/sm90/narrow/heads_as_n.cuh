@@ -41,7 +41,7 @@ __device__ inline void store_out_pairs(const SparseMlaParams& p, int64_t t, int6
 
 template <int D, int kBuffers>
 __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
-                                   uint2* q16, float4* sx, const RingBarriers<kBuffers>& bars) {
+                                   uint2* q16, float4* sx, const RingBarriers<kBuffers>& bars, const RingValidity& validity) {
     constexpr int kChunks = D / 16;
     static_assert(kChunks % 4 == 0, "S^T's four partial sums take the chunks in fours");
     constexpr float kSlack = 8.f;  // P <= 2^kSlack: O and the sums are rescaled only past it
@@ -66,7 +66,6 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
             }
             continue;
         }
-        const int32_t* idx_row = work.indices_of(t);
         {  // Q into fp16 B fragments: lane (gid, tig) of chunk c holds head gid's columns 16 c + 4 tig .. + 3,
            // in the k order of fragments.cuh (as K's A fragments have them)
             mbar_wait(bars.q_full(), at.q & 1);
@@ -88,15 +87,11 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
         const int n_tiles = WorkItems::tiles_of(n_slots);
         for (int tile = 0; tile < n_tiles; ++tile, ++at.tile) {
             const int b = at.tile % kBuffers;
-            // the validity of this thread's S^T rows: slots 16 q + gid + 8 r
-            bool valid[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int64_t slot = int64_t{tile} * kSlotsPerTile + 16 * q + gid + 8 * r;
-                valid[r] = slot < n_slots && work.in_range(__ldg(idx_row + slot));
-            }
             const uint32_t tile_s = landing0 + b * (kSlotsPerTile * D);
             mbar_wait(bars.full(b), (at.tile / kBuffers) & 1);
+            // the validity of this thread's S^T rows, slots 16 q + gid + 8 r: bit 4 gid
+            const uint2 rows_valid = validity.rows(b, q);
+            const bool valid[2] = {(rows_valid.x >> 4 * gid & 1) != 0, (rows_valid.y >> 4 * gid & 1) != 0};
 
             // S^T on this warp's 16 slots, four partial sums for ILP (added in a fixed order)
             float acc[4][4] = {};

@@ -38,17 +38,18 @@ __device__ void prefill_heads(const SparseMlaParams& p) {
     using S = Shape<kHeads>;
     const WorkItems work(p, kHeads);
     const RingBarriers<L::kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
+    const RingValidity validity{reinterpret_cast<uint32_t*>(smem + L::kValid)};
     if (threadIdx.x == 0) bars.init(S::kConsumerThreads);
     __syncthreads();
     if (threadIdx.x >= S::kConsumerThreads) {
-        produce<D, kHeads, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, threadIdx.x - S::kConsumerThreads);
+        produce<D, kHeads, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8, bars, validity, threadIdx.x - S::kConsumerThreads);
     } else if constexpr (S::kHeadsAsN) {
         consume_heads_as_n<D, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
-                                           reinterpret_cast<uint2*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kX), bars);
+                                           reinterpret_cast<uint2*>(smem + L::kQ16), reinterpret_cast<float4*>(smem + L::kX), bars, validity);
     } else {
         consume_heads_as_m<D, S::kGroups, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
                                                        reinterpret_cast<uint4*>(smem + L::kQ16), smem + L::kX,
-                                                       reinterpret_cast<float4*>(smem + L::kSums), bars);
+                                                       reinterpret_cast<float4*>(smem + L::kSums), bars, validity);
     }
 }
 
