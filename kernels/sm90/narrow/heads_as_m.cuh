@@ -136,7 +136,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    sv[j][e] = valid_bits[j] >> 4 * (e % 2) & 1 ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
+                    sv[j][e] = (valid_bits[j] >> 4 * (e % 2) & 1) ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
                     warp_max[e / 2] = fmaxf(warp_max[e / 2], sv[j][e]);
                 }
             const Exchange x = exchange(at.tile % 2);

@@ -23,7 +23,7 @@ struct RingBarriers {
     __device__ uint64_t* q_full() const { return bars + 2 * kBuffers; }
     __device__ uint64_t* q_empty() const { return bars + 2 * kBuffers + 1; }
     __device__ void init(int consumer_threads) const {
-        for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), 33 * kProducerWarps), mbar_init(empty(b), consumer_threads);
+        for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), (32 + 1) * kProducerWarps), mbar_init(empty(b), consumer_threads);
         mbar_init(q_full(), 32 * kProducerWarps), mbar_init(q_empty(), consumer_threads);
     }
 };
