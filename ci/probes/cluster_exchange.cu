@@ -13,6 +13,7 @@
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 128, kIters = 2000;
+constexpr int kMaxClusters = 66;  // one per two SMs of an H100 or H200
 
 template <int kBytes>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads) v1(float* sink, long long* cycles) {
@@ -99,7 +100,7 @@ bool run(const char* name, K kernel, int bytes, int clusters, float* sink, long 
         printf("%s: %s\n", name, cudaGetErrorString(e));
         return false;
     }
-    long long c[264];
+    long long c[2 * kMaxClusters];
     cudaMemcpy(c, cycles, sizeof(long long) * 2 * clusters, cudaMemcpyDeviceToHost);
     long long lo = 1LL << 62, hi = 0;
     for (int i = 0; i < 2 * clusters; i += 2) lo = c[i] < lo ? c[i] : lo, hi = c[i] > hi ? c[i] : hi;
@@ -111,9 +112,9 @@ int main() {
     float* sink;
     long long* cycles;
     cudaMalloc(&sink, 4096);
-    cudaMalloc(&cycles, 264 * sizeof(long long));
+    cudaMalloc(&cycles, 2 * kMaxClusters * sizeof(long long));
     bool ok = true;
-    for (int clusters : {1, 66}) {
+    for (int clusters : {1, kMaxClusters}) {
         ok &= run("V1 st.shared::cluster + cluster.sync x2", v1<16384>, 16384, clusters, sink, cycles);
         ok &= run("V1 st.shared::cluster + cluster.sync x2", v1<32768>, 32768, clusters, sink, cycles);
         ok &= run("V2 bulk copy + mbarriers", v2<16384>, 16384, clusters, sink, cycles);

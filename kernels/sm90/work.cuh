@@ -53,11 +53,13 @@ struct WorkItems {
         const int32_t* idx_row;
         bool more;
     };
+    // whether the CTA takes another item after `item` (the grid is persistent: items in turn)
+    __device__ bool has_next(int64_t item) const { return item + gridDim.x < n_items; }
     __device__ Taken take(int64_t item, int64_t head_offset = 0) const {
         const Item it = at(item);
         const int64_t n_slots = slots_of(it.token);
         return Taken{it.token, it.head0 + head_offset, n_slots, tiles_of(n_slots), indices_of(it.token),
-                     item + gridDim.x < n_items};
+                     has_next(item)};
     }
 };
 

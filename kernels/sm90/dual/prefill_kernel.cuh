@@ -256,7 +256,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         if (n_tiles > 0) bar_arrive(kV16EmptyBar, Traits::kThreads);
         write_item<D, !kFast>(p, work, scale, t, head0, n_slots, idx_row, rows, o, p_shift, row0, tig, q_tile, [&] {
             bar_sync(kQBar, Traits::kConsumerThreads);  // every row of Q read
-            if (item + gridDim.x < n_items) load_q(item + gridDim.x);
+            if (work.has_next(item)) load_q(item + gridDim.x);
         });
     }
 }

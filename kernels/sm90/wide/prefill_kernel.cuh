@@ -159,7 +159,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         if (n_tiles > 0) bar_arrive(kV16EmptyBar0 + 1, Traits::kThreads);
         auto next_q = [&] {
             bar_sync(kQBar0 + wg, kWarpgroupThreads);  // every row of Q read
-            if (item + gridDim.x < n_items) load_q(item + gridDim.x);
+            if (work.has_next(item)) load_q(item + gridDim.x);
         };
         // the next Q under the exact max's sums up to d_qk 512; at 576 ptxas then spills P.V's
         // descriptors into the tile loop (0.989-0.997x on A, B, C and V3.2 DP: PERF-HISTORY.md,
