@@ -11,7 +11,7 @@ namespace sparse_mla::sm90::narrow {
 
 constexpr int kMTileHeads = 16;      // heads of one m16n8k16 MMA tile as its M (rows past h_q are zero)
 constexpr int kNTileHeads = 8;       // heads of one m16n8k16 MMA tile as its N (narrow8: columns past h_q are zero)
-constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile, P.V on 128 columns of d_v
+constexpr int kWarpsPerMTile = 4;    // each: S of 16 slots of a tile (by pairs), P.V on 128 columns of d_v
 constexpr int kGroupThreads = kWarpsPerMTile * 32;  // the warps of one M tile: a named barrier's threads
 constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory allows (2 is as fast: PERF.md)
 // Two producer warps, the gather's issue on two schedulers instead of on the one that a consumer warp
@@ -40,6 +40,9 @@ struct Shape {
     // row's sum over each warp's slots (heads as M)
     static constexpr int kMExchangeBytes = kWarpsPerMTile * 32 * 16 + kMTileHeads * 16;  // one group's
     static constexpr int kExchangeBytes = kHeadsAsN ? kHeads * kSlotsPerTile * 4 : kGroups * kMExchangeBytes;
+    // heads as M, per group: each warp's partial S of the 16 slots its pair partner owns (fp32, 8 a
+    // lane), the pair's two halves of d_qk added by the owner
+    static constexpr int kPartialBytes = kHeadsAsN ? 0 : kGroups * kWarpsPerMTile * 32 * 8 * 4;
     static constexpr int kSumsBytes = kHeadsAsN ? 0 : kGroups * kMTileHeads * 16;
 };
 
@@ -54,7 +57,8 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 //   the ring's validity words: per tile, each producer warp's ballot of its rows' validity for each
 //     of its row sets k (RingValidity);
 //   Q in fp16, in the order of the MMA's fragments (per 16-column chunk and lane);
-//   what the consumers exchange per tile (Shape::kExchangeBytes), double-buffered, and at an item's end.
+//   what the consumers exchange per tile (Shape::kExchangeBytes), double-buffered, and at an item's end;
+//   heads as M, the pairs' partial S (Shape::kPartialBytes).
 // The probe of the gather floor (ci/probes) uses only what comes before q16.
 template <int D, int kHeads, int kBuffersOverride = 0, int kCtas = Shape<kHeads>::kCtasPerSm>
 struct Layout {
@@ -64,7 +68,8 @@ struct Layout {
     static constexpr int kQ16Bytes = kHeads * D * 2;
     static constexpr int kXBytes = Shape<kHeads>::kExchangeBytes;
     static constexpr int kSumsBytes = Shape<kHeads>::kSumsBytes;
-    static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kXBytes + kSumsBytes;
+    static constexpr int kPartialBytes = Shape<kHeads>::kPartialBytes;
+    static constexpr int kFixed = kQ8Bytes + 256 + kQ16Bytes + 2 * kXBytes + kSumsBytes + kPartialBytes;
     static constexpr int kFit = (smem_limit(kCtas) - kFixed) / kTileBytes;
     static constexpr int kBuffers = kBuffersOverride ? kBuffersOverride : (kFit < kMaxBuffers ? kFit : kMaxBuffers);
     static_assert(kBuffers >= 2, "a ring of two tiles at least");
@@ -77,7 +82,8 @@ struct Layout {
     static constexpr int kQ16 = (kValid + kValidBytes + 127) / 128 * 128;
     static constexpr int kX = kQ16 + kQ16Bytes;
     static constexpr int kSums = kX + 2 * kXBytes;
-    static constexpr int kBytes = kSums + kSumsBytes;
+    static constexpr int kPartial = kSums + kSumsBytes;
+    static constexpr int kBytes = kPartial + kPartialBytes;
     static constexpr int kGatherBytes = kQ16;  // what the floor's probe uses
     static_assert(kBytes <= smem_limit(kCtas), "shared memory");
 };

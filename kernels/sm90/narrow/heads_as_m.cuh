@@ -1,6 +1,6 @@
 // The consumer warps of the narrow kernels with heads as the MMA's M (narrow16, narrow32): per M tile
-// of 16 heads, 4 warps; S = Q K^T with Q as A, P.V with P as A, each warp's P of its own 16 slots
-// exchanged through shared memory.
+// of 16 heads, 4 warps; S = Q K^T with Q as A, computed by pairs of warps over halves of d_qk; P.V
+// with P as A, each warp's P of its own 16 slots exchanged through shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,21 +42,33 @@ struct Exchange {
     float4* row_max;  // [row]
 };
 
-// The consumer warps of M tile mt (heads head0 + 16 mt .. of an item): warp q of the tile computes S on slots 16 q ..
-// 16 q + 15 of each tile and owns O's columns 128 q .. 128 q + 127.
+// The consumer warps of M tile mt (heads head0 + 16 mt .. of an item): warp q of the tile owns S on slots
+// 16 q .. 16 q + 15 of each tile and O's columns 128 q .. 128 q + 127. QK^T is computed by pairs (warps
+// q and q ^ 1): each takes both warps' 32 slots on one half of d_qk (alternate chunk pairs), so that
+// it reads half of Q's fragments a tile and applies each to four n8 tiles (~15% less shared-memory
+// traffic a tile), and adds its partner's half of its own slots (`partial`, traded on a barrier of
+// the two warps).
 template <int D, int kMTiles, int kBuffers>
 __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& work, uint8_t* landing, const uint8_t* q8,
-                                   uint4* q16, uint8_t* xchg, float4* sums, const RingBarriers<kBuffers>& bars,
-                                   const RingValidity& validity) {
+                                   uint4* q16, uint8_t* xchg, float4* sums, float4* partial,
+                                   const RingBarriers<kBuffers>& bars, const RingValidity& validity) {
     constexpr int kChunks = D / 16;
+    static_assert(kChunks % 4 == 0, "the pair's warps take alternate chunk pairs (ldmatrix x4 takes two)");
     constexpr float kSlack = 8.f;  // P <= 2^kSlack: O and the sums are rescaled only past it
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int mt = warp / kWarpsPerMTile, q = warp % kWarpsPerMTile;
     const int group_tid = threadIdx.x % kGroupThreads, group_bar = 1 + mt;
+    // this warp's half of d_qk, chunks 4 i + 2 half and 4 i + 2 half + 1, and its pair's barrier
+    const int half = q % 2, pair_bar = 1 + kMTiles + 2 * mt + q / 2;
+    static_assert(1 + 3 * kMTiles <= 16, "sm_90 has 16 named barriers");
+    float4* partial_out = partial + (mt * kWarpsPerMTile + q) * 2 * 32 + lane;
+    const float4* partial_in = partial + (mt * kWarpsPerMTile + (q ^ 1)) * 2 * 32 + lane;
     const Scales scale(p);
     const uint32_t lane_offset = ldmatrix_lane_offset(lane);
     const uint32_t landing0 = smem_u32(landing);
     uint4* q16_tile = q16 + mt * kChunks * 32;
+    const uint4* q16_half = q16_tile + 2 * half * 32 + lane;
+    const uint32_t half_offset = half ? lane_offset ^ 32 : lane_offset;  // ldmatrix_at's at chunk 4 i + 2 half
     constexpr int kXBytes = Shape<kMTileHeads>::kMExchangeBytes;
     auto exchange = [&](int buffer) {
         uint8_t* x = xchg + (buffer * kMTiles + mt) * kXBytes;
@@ -113,21 +125,37 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             const uint2 rows_valid = validity.rows(b, q);
             const uint32_t valid_bits[2] = {rows_valid.x >> 8 * tig, rows_valid.y >> 8 * tig};
 
-            // 2. S on this warp's 16 slots (n8 tiles j = 0, 1), two partial sums per tile for ILP
-            float acc[2][2][4] = {};
+            // 2. S on the pair's 32 slots over this warp's half of d_qk: n8 tiles 0, 1 its own slots
+            // 16 q .., 2, 3 its partner's
+            float acc[4][4] = {};
 #pragma unroll
-            for (int c = 0; c < kChunks; c += 2) {
-                uint32_t r[4];
-                ldmatrix_x4(r, ldmatrix_at(tile_s, 16 * q, c, lane_offset));
+            for (int i = 0; i < kChunks / 4; ++i) {
+                uint32_t r[2][4];
+#pragma unroll
+                for (int m = 0; m < 2; ++m)
+                    ldmatrix_x4(r[m], ldmatrix_at(tile_s, 16 * (q ^ m), 4 * i, half_offset));
 #pragma unroll
                 for (int cc = 0; cc < 2; ++cc) {
-                    const uint4 a = q16_tile[(c + cc) * 32 + lane];
+                    const uint4 a = q16_half[(4 * i + cc) * 32];
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const uint2 bh = e4m3x4_to_half2x2(r[2 * cc + j]);
-                        mma_f16(acc[cc][j], a, bh.x, bh.y);
+                    for (int j = 0; j < 4; ++j) {
+                        const uint2 bh = e4m3x4_to_half2x2(r[j / 2][2 * cc + j % 2]);
+                        mma_f16(acc[j], a, bh.x, bh.y);
                     }
                 }
+            }
+            // the partner's slots to it, its half of this warp's slots from it (read before this
+            // tile's group barrier, which the partner passes before it writes again)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                partial_out[32 * j] = make_float4(acc[2 + j][0], acc[2 + j][1], acc[2 + j][2], acc[2 + j][3]);
+            bar_sync(pair_bar, 2 * 32);  // the pair's two warps
+            float s_own[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float4 y = partial_in[32 * j];
+                s_own[j][0] = acc[j][0] + y.x, s_own[j][1] = acc[j][1] + y.y;
+                s_own[j][2] = acc[j][2] + y.z, s_own[j][3] = acc[j][3] + y.w;
             }
             // 3. the softmax of the warp's own 16 slots: rows gid (e < 2), gid + 8; the tile's row
             // maxima come from every warp's through shared memory
@@ -136,7 +164,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    sv[j][e] = (valid_bits[j] >> 4 * (e % 2) & 1) ? (acc[0][j][e] + acc[1][j][e]) * scale.logit : -CUDART_INF_F;
+                    sv[j][e] = (valid_bits[j] >> 4 * (e % 2) & 1) ? s_own[j][e] * scale.logit : -CUDART_INF_F;
                     warp_max[e / 2] = fmaxf(warp_max[e / 2], sv[j][e]);
                 }
             const Exchange x = exchange(at.tile % 2);

@@ -8,8 +8,8 @@
 // tile of 64 slots:
 //   1. two producer warps gather the e4m3 kv rows (cp.async completing on the tile's mbarrier) into a
 //      ring of landing tiles; invalid slots become zero rows with a -inf logit;
-//   2. each of a group's 4 warps computes S on 16 slots, all of d_qk (fp32-grade: exact products,
-//      fp32 sums);
+//   2. each of a group's 4 warps owns S on 16 slots, all of d_qk (fp32-grade: exact products, fp32
+//      sums); heads as M, two warps compute S on their 32 slots together, each over half of d_qk;
 //   3. the online softmax, whose maxima and reference every warp of the group holds bit for bit
 //      alike: heads as M, each warp makes P of its own slots once the tile's maxima are exchanged,
 //      and reads the others' P; heads as N, S^T is exchanged and every warp makes all of P. Each
@@ -49,7 +49,8 @@ __device__ void prefill_heads(const SparseMlaParams& p) {
     } else {
         consume_heads_as_m<D, S::kGroups, L::kBuffers>(p, work, smem + L::kLanding, smem + L::kQ8,
                                                        reinterpret_cast<uint4*>(smem + L::kQ16), smem + L::kX,
-                                                       reinterpret_cast<float4*>(smem + L::kSums), bars, validity);
+                                                       reinterpret_cast<float4*>(smem + L::kSums),
+                                                       reinterpret_cast<float4*>(smem + L::kPartial), bars, validity);
     }
 }
 
