@@ -58,8 +58,8 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int mt = warp / kWarpsPerMTile, q = warp % kWarpsPerMTile;
     const int group_tid = threadIdx.x % kGroupThreads, group_bar = 1 + mt;
-    // this warp's half of d_qk, chunks 4 i + 2 half and 4 i + 2 half + 1, and its pair's barrier
-    const int half = q % 2, pair_bar = 1 + kMTiles + 2 * mt + q / 2;
+    // this warp's half of d_qk, chunks 4 i + 2 qk_half and 4 i + 2 qk_half + 1, and its pair's barrier
+    const int qk_half = q % 2, pair_bar = 1 + kMTiles + 2 * mt + q / 2;
     static_assert(1 + 3 * kMTiles <= 16, "sm_90 has 16 named barriers");
     float4* partial_out = partial + (mt * kWarpsPerMTile + q) * 2 * 32 + lane;
     const float4* partial_in = partial + (mt * kWarpsPerMTile + (q ^ 1)) * 2 * 32 + lane;
@@ -67,8 +67,8 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
     const uint32_t lane_offset = ldmatrix_lane_offset(lane);
     const uint32_t landing0 = smem_u32(landing);
     uint4* q16_tile = q16 + mt * kChunks * 32;
-    const uint4* q16_half = q16_tile + 2 * half * 32 + lane;
-    const uint32_t half_offset = half ? lane_offset ^ 32 : lane_offset;  // ldmatrix_at's at chunk 4 i + 2 half
+    const uint4* q16_half = q16_tile + 2 * qk_half * 32 + lane;
+    const uint32_t half_offset = qk_half ? lane_offset ^ 32 : lane_offset;  // ldmatrix_at's at chunk 4 i + 2 qk_half
     constexpr int kXBytes = Shape<kMTileHeads>::kMExchangeBytes;
     auto exchange = [&](int buffer) {
         uint8_t* x = xchg + (buffer * kMTiles + mt) * kXBytes;
