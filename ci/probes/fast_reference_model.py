@@ -50,7 +50,7 @@ def run(policy, shift, halves, warps, spread, cols=64, seed=1):
             for r in range(WARP_ROWS):
                 seen = 0.0 if ref[r] == -np.inf else total[r] * 2.0 ** (ref[r] - row_max[r])
                 k = min(MAX_P_BITS, math.floor(math.log2(BUDGET / (seen + HALF))))
-                top = row_max[r] if policy.startswith("max") else math.ceil(row_max[r])
+                top = row_max[r] if policy == "max" else math.ceil(row_max[r])
                 need[r] = top - k + (shift if policy == "max" else 0)
             if policy == "warp":
                 new = need + shift if ((need > ref) | (ref == -np.inf)).any() else ref
