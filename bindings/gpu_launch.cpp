@@ -143,8 +143,22 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, spar
     const int64_t items = p.s_q * k->head_blocks(p.h_q);
     const dim3 grid(static_cast<unsigned>(items < ctas ? items : ctas));
     SparseMlaParams params = p;
+    params.item_counter = nullptr;
     void* args[] = {&params};
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem,
-                           reinterpret_cast<cudaStream_t>(stream)),
-          "launching the prefill kernel");
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    if (!k->claims_items || items <= ctas) {
+        check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem, s),
+              "launching the prefill kernel");
+        return;
+    }
+    // The counter the CTAs claim items from: the call's own, zeroed, freed, all on the stream (no host
+    // sync; a graph capture records them as nodes).
+    cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&params.item_counter), sizeof(unsigned long long), s);
+    if (err == cudaSuccess) {
+        err = cudaMemsetAsync(params.item_counter, 0, sizeof(unsigned long long), s);
+        if (err == cudaSuccess)
+            err = cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem, s);
+        cudaFreeAsync(params.item_counter, s);
+    }
+    check(err, "launching the prefill kernel");
 }

@@ -32,4 +32,9 @@ struct SparseMlaParams {
     bool rows_16b_aligned;
     // out pointer and row strides multiples of 16 bytes: O is stored 16 bytes at a time (else 4).
     bool out_rows_16b_aligned;
+
+    // Where the registry's kernel claims its items (KernelSpec::claims_items) and the call has more
+    // items than CTAs: a counter, zero at the launch, from which each CTA past its first item claims
+    // the next (the host's, stream-ordered). Null: CTA c takes items c, c + gridDim.x, ...
+    unsigned long long* item_counter;
 };

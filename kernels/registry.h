@@ -43,6 +43,7 @@ inline constexpr const char* kEntryPrefix = "sparse_mla_fp8_prefill_d";
 struct KernelSpec {
     const char* name;
     int threads, ctas_per_sm, heads_per_cta;
+    bool claims_items;  // from SparseMlaParams::item_counter (else items in turn)
     int (*smem_bytes)(int d_qk);
     bool (*takes)(int64_t h_q, int64_t topk, Precision precision);
 
@@ -53,7 +54,8 @@ struct KernelSpec {
 inline constexpr KernelSpec kKernels[] = {
 #define SPARSE_MLA_SPEC(name)                                                                     \
     {#name, sm90::name::Traits::kThreads, sm90::name::Traits::kCtasPerSm,                         \
-     sm90::name::Traits::kHeadsPerCta, &sm90::name::Traits::smem_bytes, &sm90::name::Traits::takes},
+     sm90::name::Traits::kHeadsPerCta, sm90::name::Traits::kClaimsItems,                          \
+     &sm90::name::Traits::smem_bytes, &sm90::name::Traits::takes},
     SPARSE_MLA_SM90_KERNELS(SPARSE_MLA_SPEC)
 #undef SPARSE_MLA_SPEC
 };

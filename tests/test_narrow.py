@@ -1,7 +1,8 @@
 """GPU cases of the narrow-head kernel (h_q <= 32: one CTA per token and all its heads, fp32 O): every
 head count, odd ones included, with a sink, topk_length and invalid indices, against the float64
 reference at the contract's "exact" accuracy; tokens past the SM count, tokens without slots, topks no
-tile divides, long rows, and bitwise determinism."""
+tile divides, long rows, and bitwise determinism; tokens claimed from a counter, in CUDA graphs and on
+two streams at once."""
 
 import numpy as np
 import pytest
@@ -67,6 +68,67 @@ def test_more_tokens_than_sms(cuda, d_qk, h_q, topk):
     case.indices[invalid] = -1
     case.poison_unreferenced_kv()
     run_and_check(cuda, case)
+
+
+def _claims_case(h_q, label):
+    """Six tokens a CTA or more (each CTA past its first token claims the next from the call's counter),
+    short rows of uneven lengths with tokens without slots between, a sink, invalid indices."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    case = random_case(seed_of("narrow claims", label, h_q), 12 * sms + 5, 3000, h_q, table_dims()[-1], 130)
+    rng = np.random.default_rng(h_q)
+    case.topk_length = np.where(rng.random(case.s_q) < 0.1, 0, rng.integers(1, 131, case.s_q)).astype(np.int32)
+    case.attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    case.indices[rng.random(case.indices.shape) < 0.05] = -1
+    case.poison_unreferenced_kv()
+    return case
+
+
+@pytest.mark.parametrize("h_q", [3, 16, 29])
+def test_items_claimed_bitwise(cuda, h_q):
+    """Which CTA computes a token depends on the CTAs' timing once they claim tokens from a counter: the
+    results are right and the same bit for bit on every run."""
+    _runs(h_q, 130)
+    case = _claims_case(h_q, "runs")
+    run_and_check(cuda, case)
+    first = [cuda.raw(x) for x in invoke(call_args(cuda, case))]
+    for _ in range(2):
+        assert [cuda.raw(x) for x in invoke(call_args(cuda, case))] == first, "two runs on identical input differ"
+
+
+@pytest.mark.parametrize("h_q", [8, 16])
+def test_items_claimed_graph_replays(cuda, h_q):
+    """A CUDA graph of a call that claims tokens holds the counter's allocation, zeroing and release:
+    every replay claims from zero (a counter left at its end would skip every token past the grid)."""
+    case = _claims_case(h_q, "graph")
+    kw = call_args(cuda, case)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = invoke(kw)
+    for _ in range(2):
+        for x in result:  # poisoned before each replay
+            x.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(results_numpy(cuda, result), case.reference(), cuda.tol)
+
+
+def test_items_claimed_on_two_streams(cuda):
+    """Two calls at once on two streams, each claiming from its own counter, give the results each
+    gives alone, bit for bit."""
+    cases = [_claims_case(h_q, "streams") for h_q in (16, 8)]
+    kws = [call_args(cuda, case) for case in cases]
+    want = [[cuda.raw(x) for x in invoke(kw)] for kw in kws]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in kws]
+    for _ in range(3):
+        results = []
+        for kw, stream in zip(kws, streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                results.append(invoke(kw))
+        torch.cuda.synchronize()
+        assert [[cuda.raw(x) for x in r] for r in results] == want
 
 
 @pytest.mark.parametrize("h_q", [1, 16, 17])

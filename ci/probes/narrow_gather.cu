@@ -20,12 +20,12 @@ __device__ void gather_only(const SparseMlaParams& p) {
         return;
     }
     RingCursor at;
-    for (int64_t t = blockIdx.x; t < work.n_items; t += gridDim.x) {
-        const int64_t n_slots = work.slots_of(t);
-        if (n_slots == 0) continue;
-        mbar_wait(bars.q_full(), at.q & 1);
+    for (;;) {
+        const int64_t t = bars.await_item(at.q);
+        if (t >= work.n_items) break;
         mbar_arrive(bars.q_empty());
         ++at.q;
+        const int64_t n_slots = work.slots_of(t);
         for (int tile = 0; tile < WorkItems::tiles_of(n_slots); ++tile, ++at.tile) {
             mbar_wait(bars.full(at.tile % kBuffers), (at.tile / kBuffers) & 1);
             mbar_arrive(bars.empty(at.tile % kBuffers));

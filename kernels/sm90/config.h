@@ -41,6 +41,7 @@ struct WarpgroupRoles {
     static constexpr int kCtasPerSm = kCtas;
     static constexpr int kProducerRegisters = kProducerRegs;
     static constexpr int kConsumerRegisters = kConsumerRegs;
+    static constexpr bool kClaimsItems = false;  // items in turn (SparseMlaParams::item_counter unused)
     // setmaxnreg only moves registers within what the launch gave the CTA: __launch_bounds__'s count
     // per thread (65536 / (threads x CTAs per SM), down to a multiple of 8) for each of its threads.
     // An increase past that pool waits forever (consumers 240 / producer 32 of a 384-thread CTA hung:

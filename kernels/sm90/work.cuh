@@ -18,7 +18,8 @@ namespace sparse_mla::sm90 {
 
 // Work items: (token, heads_per_cta heads), item k = token k / n_head_blocks. The grid is
 // persistent: CTA c takes items c, c + gridDim.x, ..., so that one item's epilogue and the next one's
-// first gathers and Q overlap. An item's result does not depend on which CTA computes it.
+// first gathers and Q overlap (the narrow kernels claim theirs from a counter: narrow/ring.cuh). An
+// item's result does not depend on which CTA computes it.
 struct WorkItems {
     struct Item {
         int64_t token, head0;

@@ -20,6 +20,11 @@ constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory all
 constexpr int kProducerWarps = 2;
 // A producer lane's rows of a tile: lane / 4 + 8 (kProducerWarps k + its warp), k < kRowSets.
 constexpr int kRowSets = kSlotsPerTile / 8 / kProducerWarps;
+// The producer warps' named barrier (the consumers' are 1 .. 3 M tiles: heads_as_m.cuh).
+constexpr int kProducersBar = 15;
+// The CTA's words of its items beside the ring's mbarriers (RingBarriers): the Q tile's item and the
+// two slots of the next item's claim.
+constexpr int kRingWords = 3;
 
 // A CTA of kHeads heads: 8 heads as the MMA's N (one group of 4 consumer warps), or kHeads / 16 M
 // tiles of 16 heads, 4 consumer warps each; and the producer warps. One group runs two CTAs per SM
@@ -53,7 +58,7 @@ constexpr int smem_limit(int ctas) { return ctas == 1 ? 227 * 1024 : 228 * 1024 
 //   the ring: kBuffers landing tiles [slot][d_qk] e4m3 in 64-byte column atoms, 16-byte chunks
 //     swizzled so that ldmatrix reads 8 rows of one chunk conflict-free;
 //   the Q tile [head][d_qk] e4m3 (the producer loads the next item's once the consumers took this one's);
-//   the mbarriers of the ring and of Q;
+//   the mbarriers of the ring and of Q, and the words of the CTA's items (RingBarriers);
 //   the ring's validity words: per tile, each producer warp's ballot of its rows' validity for each
 //     of its row sets k (RingValidity);
 //   Q in fp16, in the order of the MMA's fragments (per 16-column chunk and lane);
@@ -75,8 +80,8 @@ struct Layout {
     static_assert(kBuffers >= 2, "a ring of two tiles at least");
     static constexpr int kLanding = 0;
     static constexpr int kQ8 = kBuffers * kTileBytes;
-    static constexpr int kBarriers = kQ8 + kQ8Bytes;  // full[kBuffers], empty[kBuffers], q_full, q_empty
-    static constexpr int kBarrierBytes = (2 * kBuffers + 2) * 8;
+    static constexpr int kBarriers = kQ8 + kQ8Bytes;  // full[kBuffers], empty[kBuffers], q_full, q_empty, the words
+    static constexpr int kBarrierBytes = (2 * kBuffers + 2 + kRingWords) * 8;
     static constexpr int kValid = kBarriers + kBarrierBytes;
     static constexpr int kValidBytes = kBuffers * kRowSets * kProducerWarps * 4;
     static constexpr int kQ16 = (kValid + kValidBytes + 127) / 128 * 128;
@@ -96,6 +101,7 @@ struct Traits {
     static constexpr int kThreads = Shape<kHeads>::kThreads;
     static constexpr int kCtasPerSm = Shape<kHeads>::kCtasPerSm;
     static constexpr int kHeadsPerCta = kHeads;
+    static constexpr bool kClaimsItems = true;  // from SparseMlaParams::item_counter
     static constexpr int smem_bytes(int d_qk) { return d_qk <= 512 ? Layout<512, kHeads>::kBytes : Layout<576, kHeads>::kBytes; }
     static constexpr bool takes(int64_t h_q, int64_t, Precision) { return h_q <= kHeadsPerCta; }
 };

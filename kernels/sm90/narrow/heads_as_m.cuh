@@ -60,7 +60,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
     const int group_tid = threadIdx.x % kGroupThreads, group_bar = 1 + mt;
     // this warp's half of d_qk, chunks 4 i + 2 qk_half and 4 i + 2 qk_half + 1, and its pair's barrier
     const int qk_half = q % 2, pair_bar = 1 + kMTiles + 2 * mt + q / 2;
-    static_assert(1 + 3 * kMTiles <= 16, "sm_90 has 16 named barriers");
+    static_assert(1 + 3 * kMTiles <= kProducersBar, "sm_90 has 16 named barriers, the last the producers'");
     float4* partial_out = partial + (mt * kWarpsPerMTile + q) * 2 * 32 + lane;
     const float4* partial_in = partial + (mt * kWarpsPerMTile + (q ^ 1)) * 2 * 32 + lane;
     const Scales scale(p);
@@ -75,10 +75,14 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
         return Exchange{reinterpret_cast<uint4*>(x), reinterpret_cast<float4*>(x + kWarpsPerMTile * 32 * 16)};
     };
     RingCursor at;
-    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
+    for (;;) {
+        const int64_t item = bars.await_item(at.q);
+        if (item >= work.n_items) break;
         const int64_t t = work.at(item).token, head0 = work.at(item).head0;
         const int64_t n_slots = work.slots_of(t);
         if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
+            mbar_arrive(bars.q_empty());
+            ++at.q;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
@@ -93,7 +97,6 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
         }
         {  // the M tile's Q into fp16 A fragments: (gid, tig) of chunk c holds heads gid and gid + 8 at
            // columns 16 c + 4 tig .. + 3, in the k order of fragments.cuh
-            mbar_wait(bars.q_full(), at.q & 1);
             const uint8_t* tile = q8 + kMTileHeads * mt * D;
             for (int e = group_tid; e < kChunks * 32; e += kGroupThreads) {
                 const int c = e / 32, g = (e % 32) / 4, tg = e % 4;

@@ -50,13 +50,17 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
     const uint32_t lane_offset = ldmatrix_lane_offset(lane);
     const uint32_t landing0 = smem_u32(landing);
     RingCursor at;
-    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
+    for (;;) {
+        const int64_t item = bars.await_item(at.q);
+        if (item >= work.n_items) break;
         const int64_t t = work.at(item).token, head0 = work.at(item).head0;
         const int64_t n_slots = work.slots_of(t);
         // this thread's softmax row: head gid; its O^T columns: heads 2 tig, 2 tig + 1
         const int64_t h_row = head0 + gid;
         const int64_t h_col[2] = {head0 + 2 * tig, head0 + 2 * tig + 1};
         if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
+            mbar_arrive(bars.q_empty());
+            ++at.q;
 #pragma unroll
             for (int n = 0; n < 2; ++n)
                 if (h_col[n] < p.h_q) store_out_pairs(p, t, h_col[n], q, gid, [](int, int) { return 0.f; });
@@ -68,7 +72,6 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
         }
         {  // Q into fp16 B fragments: lane (gid, tig) of chunk c holds head gid's columns 16 c + 4 tig .. + 3,
            // in the k order of fragments.cuh (as K's A fragments have them)
-            mbar_wait(bars.q_full(), at.q & 1);
             for (int e = threadIdx.x; e < kChunks * 32; e += kGroupThreads) {
                 const int c = e / 32, g = (e % 32) / 4, tg = e % 4;
                 q16[e] = e4m3x4_to_half2x2(*reinterpret_cast<const uint32_t*>(q8 + g * D + 16 * c + 4 * tg));

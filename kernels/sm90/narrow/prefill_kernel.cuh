@@ -17,7 +17,7 @@
 //   4. at an item's end, out, and max_logits and lse from the running max and sum.
 // Heads are the MMA's M in groups of 16 (heads_as_m.cuh: narrow16, narrow32) or, for 8 heads, its N
 // (heads_as_n.cuh: narrow8, the MMAs transposed). The grid is persistent (two CTAs per SM for one
-// group, one for two; items taken in turn).
+// group, one for two; past its first item, each CTA claims the next from a counter: ring.cuh).
 #pragma once
 
 #include <stdint.h>

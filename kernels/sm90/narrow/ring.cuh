@@ -1,6 +1,6 @@
 // The narrow kernel's ring: mbarriers, and the producer warps that gather the CTA's kv tiles (cp.async,
 // each completing on its tile's mbarrier) and the Q rows of its items, in the order the consumers
-// take them.
+// take them. The producer warps also choose the CTA's items and post each with its Q.
 #pragma once
 
 #include <stdint.h>
@@ -14,7 +14,10 @@ namespace sparse_mla::sm90::narrow {
 
 // The ring's mbarriers: a tile's full (the producer warps' lanes arrive when their copies land, and each
 // warp's lane 0 once more, after its validity words) and empty (every consumer thread arrives when it
-// has read the tile), and the same pair for the Q tile.
+// has read the tile), and the same pair for the Q tile, which also posts its item (the producer warps'
+// lanes arrive when their Q copies land, and lane 0 of warp 0 once more, after the item word). Then
+// kRingWords words: the item of the Q tile (n_items or more: the CTA's end), and the producer warps'
+// two slots for the next item that warp 0 claims.
 template <int kBuffers>
 struct RingBarriers {
     uint64_t* bars;
@@ -22,9 +25,18 @@ struct RingBarriers {
     __device__ uint64_t* empty(int b) const { return bars + kBuffers + b; }
     __device__ uint64_t* q_full() const { return bars + 2 * kBuffers; }
     __device__ uint64_t* q_empty() const { return bars + 2 * kBuffers + 1; }
+    __device__ int64_t* q_item() const { return reinterpret_cast<int64_t*>(bars + 2 * kBuffers + 2); }
+    __device__ int64_t* claimed(int k) const { return reinterpret_cast<int64_t*>(bars + 2 * kBuffers + 3 + k); }
+    static_assert(kRingWords == 3, "the item word and two claim slots");
     __device__ void init(int consumer_threads) const {
         for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), (32 + 1) * kProducerWarps), mbar_init(empty(b), consumer_threads);
-        mbar_init(q_full(), 32 * kProducerWarps), mbar_init(q_empty(), consumer_threads);
+        mbar_init(q_full(), 32 * kProducerWarps + 1), mbar_init(q_empty(), consumer_threads);
+    }
+    // A consumer's next item, as the producer warps posted it with its Q: the Q tile (if the item has
+    // slots) and the item word are the consumers' until each of their threads arrives on q_empty.
+    __device__ int64_t await_item(int q) const {
+        mbar_wait(q_full(), q & 1);
+        return *q_item();
     }
 };
 
@@ -41,9 +53,9 @@ struct RingValidity {
 };
 
 // Where a consumer's or the producer's unit of work is in the CTA's sequence: the n-th tile of the ring
-// and the n-th Q, counted across the CTA's items (CTA c takes items c, c + gridDim.x, ...; an item is
-// a token and a block of Shape::kHeads heads, one block per token where the registry chooses the
-// kernel; items without slots take neither).
+// and the n-th Q, counted across the CTA's items (an item is a token and a block of Shape::kHeads
+// heads, one block per token where the registry chooses the kernel; every item takes a Q, whose copies
+// are skipped where it has no slots, and its tiles).
 struct RingCursor {
     int tile = 0, q = 0;
 };
@@ -66,26 +78,40 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         if (aligned) mbar_arrive_on_copies(bar);
         else mbar_arrive(bar);  // the byte copies were plain stores
     };
+    // The CTA's items: blockIdx.x, then each claimed from the call's counter (p.item_counter) as the
+    // last tile of the one before it is gathered, so that a CTA that runs faster than its SM's other
+    // takes more items (the first CTAs on an SM take ~12% less time an item: PERF.md) and the CTAs end
+    // within about one item of each other; without a counter, items in turn. An item's result does
+    // not depend on which CTA computes it.
     RingCursor at;
-    for (int64_t item = blockIdx.x; item < work.n_items; item += gridDim.x) {
-        const int64_t t = work.at(item).token, head0 = work.at(item).head0;
-        const int64_t n_slots = work.slots_of(t);
-        if (n_slots == 0) continue;
-        const int32_t* idx_row = work.indices_of(t);
-        {  // the item's Q rows, heads past h_q zero
-            if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
-            for (int u = producer_tid; u < kHeads * kChunks; u += 32 * kProducerWarps) {
-                const int h = u / kChunks, c = u % kChunks;
-                const bool valid = head0 + h < p.h_q;
-                const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + h) * p.q_stride_h + 16 * c : p.q;
-                copy_chunk(q8 + h * D + 16 * c, src, valid, aligned);
-            }
-            arrive(bars.q_full());
-            ++at.q;
+    uint64_t claim = 0;  // warp 0's lane 0: the counter's value for the next item
+    for (int64_t item = blockIdx.x;;) {
+        const bool end = item >= work.n_items;
+        if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
+        if (producer_tid == 0) *bars.q_item() = item;
+        const int64_t t = end ? 0 : work.at(item).token, head0 = end ? 0 : work.at(item).head0;
+        const int64_t n_slots = end ? 0 : work.slots_of(t);
+        // the item's Q rows, heads past h_q zero
+        for (int u = producer_tid; n_slots > 0 && u < kHeads * kChunks; u += 32 * kProducerWarps) {
+            const int h = u / kChunks, c = u % kChunks;
+            const bool valid = head0 + h < p.h_q;
+            const uint8_t* src = valid ? p.q + t * p.q_stride_s + (head0 + h) * p.q_stride_h + 16 * c : p.q;
+            copy_chunk(q8 + h * D + 16 * c, src, valid, aligned);
         }
+        // cp.async's arrival orders only the copies: the item word's release is a plain arrival
+        if (producer_tid == 0) mbar_arrive(bars.q_full());
+        arrive(bars.q_full());
+        ++at.q;
+        if (end) break;
+        const int32_t* idx_row = work.indices_of(t);
         const int n_tiles = WorkItems::tiles_of(n_slots);
+        auto claim_next = [&]() {
+            if (producer_tid == 0 && p.item_counter != nullptr) claim = atomicAdd(p.item_counter, 1ull);
+        };
+        if (n_tiles == 0) claim_next();
         for (int tile = 0; tile < n_tiles; ++tile, ++at.tile) {
             const int b = at.tile % kBuffers;
+            if (tile == n_tiles - 1) claim_next();
             int32_t j[kRowSets];
 #pragma unroll
             for (int k = 0; k < kRowSets; ++k) {
@@ -107,6 +133,13 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             // cp.async's arrival orders only the copies: the words' release is a plain arrival
             if (lane == 0) mbar_arrive(bars.full(b));
             arrive(bars.full(b));
+        }
+        if (p.item_counter == nullptr) {
+            item += gridDim.x;
+        } else {  // warp 0's claim to both warps (two slots: the one read here is not rewritten before the next barrier)
+            if (producer_tid == 0) *bars.claimed(at.q & 1) = static_cast<int64_t>(gridDim.x + claim);
+            bar_sync(kProducersBar, 32 * kProducerWarps);
+            item = *bars.claimed(at.q & 1);
         }
     }
     cute::cp_async_wait<0>();
