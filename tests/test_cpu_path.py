@@ -126,9 +126,12 @@ def test_avx2_and_avx512_agree_bitwise(monkeypatch):
 
 
 _INTERRUPTED_CALL = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import sparse_mla_fp8
+    # Ctrl-C as an interactive Python has it, whatever this process inherited (a command started in
+    # the background by a non-interactive shell ignores SIGINT, and Python then installs no handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = np.random.default_rng(0)
     s_q, s_kv, h_q, d_qk, topk = 2048, 8192, 16, {d_qk}, 8192  # 0.6 TFLOP: seconds at the least
     q = rng.integers(0, 0x70, (s_q, h_q, d_qk), dtype=np.uint8)
