@@ -117,11 +117,10 @@ def test_items_claimed_on_two_streams(cuda):
     """Two calls at once on two streams, each claiming from its own counter, give the results each
     gives alone, bit for bit."""
     cases = [_claims_case(h_q, "streams") for h_q in (16, 8)]
-    kws = [call_args(cuda, case) for case in cases]
-    want = [[cuda.raw(x) for x in invoke(kw)] for kw in kws]
-    torch.cuda.synchronize()
-    streams = [torch.cuda.Stream() for _ in kws]
+    want = [[cuda.raw(x) for x in invoke(call_args(cuda, case))] for case in cases]
+    streams = [torch.cuda.Stream() for _ in cases]
     for _ in range(3):
+        kws = [call_args(cuda, case) for case in cases]  # fresh poisoned outputs each time
         results = []
         for kw, stream in zip(kws, streams):
             stream.wait_stream(torch.cuda.current_stream())

@@ -20,7 +20,7 @@ constexpr int kMaxBuffers = 4;       // the ring's depth where shared memory all
 constexpr int kProducerWarps = 2;
 // A producer lane's rows of a tile: lane / 4 + 8 (kProducerWarps k + its warp), k < kRowSets.
 constexpr int kRowSets = kSlotsPerTile / 8 / kProducerWarps;
-// The producer warps' named barrier (the consumers' are 1 .. 3 M tiles: heads_as_m.cuh).
+// The producer warps' named barrier (the consumers' are 1 .. 3 x their M tiles: heads_as_m.cuh).
 constexpr int kProducersBar = 15;
 // The CTA's words of its items beside the ring's mbarriers (RingBarriers): the Q tile's item and the
 // two slots of the next item's claim.
