@@ -23,8 +23,7 @@ __device__ void gather_only(const SparseMlaParams& p) {
     for (;;) {
         const int64_t t = bars.await_item(at.q);
         if (t >= work.n_items) break;
-        mbar_arrive(bars.q_empty());
-        ++at.q;
+        bars.release_item(at.q);
         const int64_t n_slots = work.slots_of(t);
         for (int tile = 0; tile < WorkItems::tiles_of(n_slots); ++tile, ++at.tile) {
             mbar_wait(bars.full(at.tile % kBuffers), (at.tile / kBuffers) & 1);

@@ -81,8 +81,7 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
         const int64_t t = work.at(item).token, head0 = work.at(item).head0;
         const int64_t n_slots = work.slots_of(t);
         if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
-            mbar_arrive(bars.q_empty());
-            ++at.q;
+            bars.release_item(at.q);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int64_t h = head0 + kMTileHeads * mt + gid + 8 * r;
@@ -105,9 +104,8 @@ __device__ void consume_heads_as_m(const SparseMlaParams& p, const WorkItems& wo
                 const uint2 h0 = e4m3x4_to_half2x2(w0), h1 = e4m3x4_to_half2x2(w1);
                 q16_tile[e] = make_uint4(h0.x, h1.x, h0.y, h1.y);
             }
-            mbar_arrive(bars.q_empty());
+            bars.release_item(at.q);
             bar_sync(group_bar, kGroupThreads);
-            ++at.q;
         }
         // the online softmax of this thread's rows gid, gid + 8 (base-2 logits): the max and reference
         // the same in every warp of the M tile, the sums over this warp's slots; O relative to ref

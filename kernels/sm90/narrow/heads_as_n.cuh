@@ -59,8 +59,7 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
         const int64_t h_row = head0 + gid;
         const int64_t h_col[2] = {head0 + 2 * tig, head0 + 2 * tig + 1};
         if (n_slots == 0) {  // no valid slot: out 0, max_logits -inf, lse +inf
-            mbar_arrive(bars.q_empty());
-            ++at.q;
+            bars.release_item(at.q);
 #pragma unroll
             for (int n = 0; n < 2; ++n)
                 if (h_col[n] < p.h_q) store_out_pairs(p, t, h_col[n], q, gid, [](int, int) { return 0.f; });
@@ -76,9 +75,8 @@ __device__ void consume_heads_as_n(const SparseMlaParams& p, const WorkItems& wo
                 const int c = e / 32, g = (e % 32) / 4, tg = e % 4;
                 q16[e] = e4m3x4_to_half2x2(*reinterpret_cast<const uint32_t*>(q8 + g * D + 16 * c + 4 * tg));
             }
-            mbar_arrive(bars.q_empty());
+            bars.release_item(at.q);
             bar_sync(1, kGroupThreads);
-            ++at.q;
         }
         // the online softmax of head gid (base-2 logits), the same in every warp; O^T relative to ref
         float row_max = -CUDART_INF_F, ref = -CUDART_INF_F, sum = 0.f;

@@ -32,11 +32,15 @@ struct RingBarriers {
         for (int b = 0; b < kBuffers; ++b) mbar_init(full(b), (32 + 1) * kProducerWarps), mbar_init(empty(b), consumer_threads);
         mbar_init(q_full(), 32 * kProducerWarps + 1), mbar_init(q_empty(), consumer_threads);
     }
-    // A consumer's next item, as the producer warps posted it with its Q: the Q tile (if the item has
-    // slots) and the item word are the consumers' until each of their threads arrives on q_empty.
+    // A consumer's next item (its q-th), as the producer warps posted it with its Q: the Q tile (if the
+    // item has slots) and the item word are the consumers' until each of their threads releases them.
     __device__ int64_t await_item(int q) const {
         mbar_wait(q_full(), q & 1);
         return *q_item();
+    }
+    __device__ void release_item(int& q) const {
+        mbar_arrive(q_empty());
+        ++q;
     }
 };
 
