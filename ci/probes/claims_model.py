@@ -7,9 +7,11 @@ tiles (its Q and its end). A CTA that ends an item claims the next one. The rows
 for 4096 tokens: every token 2048 slots (V3.2), V4's compressed rows and window (token p has
 min(p // 4, topk) + min(p + 1, 128) slots), or a causal prompt without a prefix (min(p + 1, 2048)).
 Prints the kernel's modelled time with items in token order and with the last token first, and the
-time at the SMs' mean rate with no grain at all ("fluid").
+time at the SMs' mean rate with no grain at all ("fluid"). --parts: V3.2 TP8's last items cut into
+parts (2, 4 or 8 of their 32 tiles, 132 or 264 items), each part an item of its own (its tiles and
+one more) and 0 or 1 tile more for its share of a merge, against the items whole.
 
-Usage: python3 ci/probes/claims_model.py [--sms 132]"""
+Usage: python3 ci/probes/claims_model.py [--sms 132] [--parts]"""
 import argparse
 import math
 
@@ -44,6 +46,7 @@ def makespan(tiles, sms):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--parts", action="store_true")
     args = ap.parse_args()
     s_q = 4096
     rows = {
@@ -58,6 +61,14 @@ def main():
         fluid = (sum(tiles) + len(tiles)) / (args.sms * (1 / FIRST + 1 / SECOND))
         print(f"{name}: token order {in_order:.0f} us, last token first {last_first:.0f} us "
               f"({in_order / last_first:.3f}x), fluid {fluid:.0f} us")
+    if args.parts:
+        whole = makespan([32] * s_q, args.sms)
+        for parts in (2, 4, 8):
+            for last in (132, 264):
+                for extra in (0, 1):
+                    t = makespan([32] * (s_q - last) + [32 // parts + extra] * (parts * last), args.sms)
+                    print(f"V3.2 TP8, the last {last} items in {parts} parts, {extra} tile more a part for the merge: "
+                          f"{t:.0f} us ({whole / t:.3f}x)")
 
 
 if __name__ == "__main__":
