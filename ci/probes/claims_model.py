@@ -20,13 +20,19 @@ FIRST, SECOND, ALONE = 58.3 / 32, 65.4 / 32, 53 / 32  # us a tile
 
 def makespan(tiles, sms):
     """The end of the last item when CTAs claim items in the order of `tiles` as they end one."""
-    it = iter(tiles)
+    costs = (n + 1 for n in tiles)  # an item: its tiles and one more (its Q and its end)
     left = {}  # (sm, cta) -> tiles left of its item
+
+    def claim(cta):
+        cost = next(costs, None)
+        if cost is None:
+            left.pop(cta, None)
+        else:
+            left[cta] = cost
+
     for sm in range(sms):
         for cta in range(2):
-            n = next(it, None)
-            if n is not None:
-                left[(sm, cta)] = n + 1
+            claim((sm, cta))
     t = 0.0
     while left:
         rate = {k: 1 / (ALONE if (k[0], 1 - k[1]) not in left else FIRST if k[1] == 0 else SECOND) for k in left}
@@ -35,11 +41,7 @@ def makespan(tiles, sms):
         for k in list(left):
             left[k] -= rate[k] * dt
             if left[k] <= 1e-9:
-                n = next(it, None)
-                if n is None:
-                    del left[k]
-                else:
-                    left[k] = n + 1
+                claim(k)
     return t
 
 
