@@ -144,21 +144,19 @@ void launch_prefill(const SparseMlaParams& p, int device, uintptr_t stream, spar
     const dim3 grid(static_cast<unsigned>(items < ctas ? items : ctas));
     SparseMlaParams params = p;
     params.item_counter = nullptr;
-    void* args[] = {&params};
     const auto s = reinterpret_cast<cudaStream_t>(stream);
-    if (!k->claims_items || items <= ctas) {
-        check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem, s),
-              "launching the prefill kernel");
-        return;
+    // The counter the CTAs claim items from, where the kernel claims and there are more items than
+    // CTAs: the call's own, zeroed, freed, all on the stream (no host sync; a graph capture records
+    // them as nodes).
+    cudaError_t err = cudaSuccess;
+    if (k->claims_items && items > ctas) {
+        err = cudaMallocAsync(reinterpret_cast<void**>(&params.item_counter), sizeof(unsigned long long), s);
+        if (err == cudaSuccess) err = cudaMemsetAsync(params.item_counter, 0, sizeof(unsigned long long), s);
+        else params.item_counter = nullptr;
     }
-    // The counter the CTAs claim items from: the call's own, zeroed, freed, all on the stream (no host
-    // sync; a graph capture records them as nodes).
-    cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&params.item_counter), sizeof(unsigned long long), s);
-    if (err == cudaSuccess) {
-        err = cudaMemsetAsync(params.item_counter, 0, sizeof(unsigned long long), s);
-        if (err == cudaSuccess)
-            err = cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem, s);
-        cudaFreeAsync(params.item_counter, s);
-    }
+    void* args[] = {&params};
+    if (err == cudaSuccess)
+        err = cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(k->threads), args, smem, s);
+    if (params.item_counter != nullptr) cudaFreeAsync(params.item_counter, s);
     check(err, "launching the prefill kernel");
 }

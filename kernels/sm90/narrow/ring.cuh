@@ -87,10 +87,14 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
     // takes more items (the first CTAs on an SM take ~12% less time an item: PERF.md) and the CTAs end
     // within about one item of each other; without a counter, items in turn. An item's result does
     // not depend on which CTA computes it.
+    // The n-th item taken is work item n_items - 1 - n: the last tokens first. A causal prompt's rows
+    // grow with the token (V4's compressed rows, any row shorter than topk), so the longest items
+    // come first and the CTAs' last items are the shortest.
     RingCursor at;
     uint64_t claim = 0;  // warp 0's lane 0: the counter's value for the next item
-    for (int64_t item = blockIdx.x;;) {
-        const bool end = item >= work.n_items;
+    for (int64_t taken = blockIdx.x;;) {
+        const bool end = taken >= work.n_items;
+        const int64_t item = end ? taken : work.n_items - 1 - taken;
         if (at.q >= 1) mbar_wait(bars.q_empty(), (at.q - 1) & 1);
         if (producer_tid == 0) *bars.q_item() = item;
         const int64_t t = end ? 0 : work.at(item).token, head0 = end ? 0 : work.at(item).head0;
@@ -139,11 +143,11 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
             arrive(bars.full(b));
         }
         if (p.item_counter == nullptr) {
-            item += gridDim.x;
+            taken += gridDim.x;
         } else {  // warp 0's claim to both warps (two slots: the one read here is not rewritten before the next barrier)
             if (producer_tid == 0) *bars.claimed(at.q & 1) = static_cast<int64_t>(gridDim.x + claim);
             bar_sync(kProducersBar, 32 * kProducerWarps);
-            item = *bars.claimed(at.q & 1);
+            taken = *bars.claimed(at.q & 1);
         }
     }
     cute::cp_async_wait<0>();
