@@ -16,11 +16,18 @@ import argparse
 import math
 
 FIRST, SECOND, ALONE = 58.3 / 32, 65.4 / 32, 53 / 32  # us a tile
+SLOTS_PER_TILE = 64
+V32_TILES = 2048 // SLOTS_PER_TILE  # a V3.2 TP8 item's tiles
+
+
+def item_cost(tiles):
+    """An item's cost in tiles: its tiles and one more (its Q and its end)."""
+    return tiles + 1
 
 
 def makespan(tiles, sms):
     """The end of the last item when CTAs claim items in the order of `tiles` as they end one."""
-    costs = (n + 1 for n in tiles)  # an item: its tiles and one more (its Q and its end)
+    costs = (item_cost(n) for n in tiles)
     left = {}  # (sm, cta) -> tiles left of its item
 
     def claim(cta):
@@ -52,23 +59,23 @@ def main():
     args = ap.parse_args()
     s_q = 4096
     rows = {
-        "V3.2 TP8 (2048 slots)": [2048] * s_q,
+        "V3.2 TP8 (2048 slots)": [V32_TILES * SLOTS_PER_TILE] * s_q,
         "V4-Flash TP8 / TP4 CSA (topk 512)": [min(p // 4, 512) + min(p + 1, 128) for p in range(s_q)],
         "V4-Pro TP8 CSA (topk 1024)": [min(p // 4, 1024) + min(p + 1, 128) for p in range(s_q)],
         "causal prompt, topk 2048": [min(p + 1, 2048) for p in range(s_q)],
     }
     for name, slots in rows.items():
-        tiles = [math.ceil(n / 64) for n in slots]
+        tiles = [math.ceil(n / SLOTS_PER_TILE) for n in slots]
         in_order, last_first = makespan(tiles, args.sms), makespan(tiles[::-1], args.sms)
-        fluid = (sum(tiles) + len(tiles)) / (args.sms * (1 / FIRST + 1 / SECOND))
+        fluid = sum(map(item_cost, tiles)) / (args.sms * (1 / FIRST + 1 / SECOND))
         print(f"{name}: token order {in_order:.0f} us, last token first {last_first:.0f} us "
               f"({in_order / last_first:.3f}x), fluid {fluid:.0f} us")
     if args.parts:
-        whole = makespan([32] * s_q, args.sms)
+        whole = makespan([V32_TILES] * s_q, args.sms)
         for parts in (2, 4, 8):
             for last in (132, 264):
                 for extra in (0, 1):
-                    t = makespan([32] * (s_q - last) + [32 // parts + extra] * (parts * last), args.sms)
+                    t = makespan([V32_TILES] * (s_q - last) + [V32_TILES // parts + extra] * (parts * last), args.sms)
                     print(f"V3.2 TP8, the last {last} items in {parts} parts, {extra} tile more a part for the merge: "
                           f"{t:.0f} us ({whole / t:.3f}x)")
 

@@ -82,14 +82,14 @@ __device__ void produce(const SparseMlaParams& p, const WorkItems& work, uint8_t
         if (aligned) mbar_arrive_on_copies(bar);
         else mbar_arrive(bar);  // the byte copies were plain stores
     };
-    // The CTA's items: blockIdx.x, then each claimed from the call's counter (p.item_counter) as the
-    // last tile of the one before it is gathered, so that a CTA that runs faster than its SM's other
-    // takes more items (the first CTAs on an SM take ~12% less time an item: PERF.md) and the CTAs end
-    // within about one item of each other; without a counter, items in turn. An item's result does
-    // not depend on which CTA computes it.
-    // The n-th item taken is work item n_items - 1 - n: the last tokens first. A causal prompt's rows
-    // grow with the token (V4's compressed rows, any row shorter than topk), so the longest items
-    // come first and the CTAs' last items are the shortest.
+    // The CTA's items, as counts of items taken (`taken`): blockIdx.x, then each claimed from the
+    // call's counter (p.item_counter) as the last tile of the one before it is gathered, so that a CTA
+    // that runs faster than its SM's other takes more items (the first CTAs on an SM take ~12% less
+    // time an item: PERF.md) and the CTAs end within about one item of each other; without a counter,
+    // in turn. The n-th item taken is work item n_items - 1 - n, the last tokens first: a causal
+    // prompt's rows grow with the token (V4's compressed rows, any row shorter than topk), so the
+    // longest items come first and the CTAs' last items are the shortest. An item's result does not
+    // depend on which CTA computes it.
     RingCursor at;
     uint64_t claim = 0;  // warp 0's lane 0: the counter's value for the next item
     for (int64_t taken = blockIdx.x;;) {
