@@ -34,7 +34,10 @@ __device__ void gather_only(const SparseMlaParams& p) {
 
 }  // namespace sparse_mla::sm90::narrow
 
+// Each entry with its shared memory in bytes beside it (NAME_smem), read by narrow_gather.py.
 #define NARROW_GATHER_ENTRY(D, B, C)                                                                             \
+    extern "C" __device__ const int narrow_gather_d##D##_b##B##_c##C##_smem =                                   \
+        sparse_mla::sm90::narrow::Layout<D, sparse_mla::sm90::narrow::kMTileHeads, B, 1>::kGatherBytes;         \
     extern "C" __global__ void __launch_bounds__(sparse_mla::sm90::narrow::Shape<16>::kThreads, C)                \
         narrow_gather_d##D##_b##B##_c##C(const uint8_t* q, const uint8_t* kv, const int32_t* indices,            \
                                          const int32_t* topk_length, int64_t s_q, int64_t s_kv, int64_t h_q,     \

@@ -17,17 +17,17 @@ from compare import SERVING, workload  # noqa: E402
 
 CONFIGS = [(2, 1), (3, 1), (4, 1), (2, 2)]  # (ring depth, CTAs per SM)
 SHAPES = ["V3.2 TP8 h16", "V4-Flash TP8 h8 CSA", "V4-Pro TP8 h16 CSA"]
-LANDING, Q8 = 64, 16  # slots per tile, heads of the probe's Q tile
+LANDING = 64  # slots per tile
 THREADS = 4 * 32 + 2 * 32  # narrow::Shape<16>::kThreads: 4 consumer warps, 2 producer warps
 
-
-def smem(d, buffers):
-    """narrow::Layout<d, 16, buffers, 1>::kGatherBytes"""
-    bars = buffers * LANDING * d + Q8 * d
-    return (bars + (2 * buffers + 2) * 8 + 127) // 128 * 128
-
-
 mod = cupy.RawModule(path=fatbin)
+
+
+def smem(entry):
+    """the entry's shared memory (narrow::Layout's kGatherBytes), from the fatbin"""
+    return int(cupy.ndarray((1,), cupy.int32, memptr=mod.get_global(f"{entry}_smem")).get()[0])
+
+
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 for name in SHAPES:
     s_q, s_kv, h_q, d, width, profile, _ = SERVING[name]
@@ -39,11 +39,12 @@ for name in SHAPES:
     qa, kva, ia = (cupy.asarray(x) for x in (q.view(torch.uint8), kv.view(torch.uint8), idx))
     ta = cupy.asarray(tl) if tl is not None else np.uint64(0)
     for buffers, ctas in CONFIGS:
-        fn = mod.get_function(f"narrow_gather_d{d}_b{buffers}_c{ctas}")
-        fn.max_dynamic_shared_size_bytes = smem(d, buffers)
+        entry = f"narrow_gather_d{d}_b{buffers}_c{ctas}"
+        fn = mod.get_function(entry)
+        fn.max_dynamic_shared_size_bytes = smem(entry)
         args = (qa, kva, ia, ta, np.int64(s_q), np.int64(s_kv), np.int64(h_q), np.int64(width),
                 np.int64(q.stride(0)), np.int64(q.stride(1)), np.int64(kv.stride(0)), np.int64(idx.stride(0)))
-        launch = lambda: fn((min(s_q, sms * ctas),), (THREADS,), args, shared_mem=smem(d, buffers))
+        launch = lambda: fn((min(s_q, sms * ctas),), (THREADS,), args, shared_mem=smem(entry))
         launch()
         cupy.cuda.Device().synchronize()
         ms = do_bench(launch, warmup=50, rep=200, return_mode="median")
