@@ -40,11 +40,11 @@ for name in SHAPES:
     ta = cupy.asarray(tl) if tl is not None else np.uint64(0)
     for buffers, ctas in CONFIGS:
         entry = f"narrow_gather_d{d}_b{buffers}_c{ctas}"
-        fn = mod.get_function(entry)
-        fn.max_dynamic_shared_size_bytes = smem(entry)
+        fn, nbytes_smem = mod.get_function(entry), smem(entry)
+        fn.max_dynamic_shared_size_bytes = nbytes_smem
         args = (qa, kva, ia, ta, np.int64(s_q), np.int64(s_kv), np.int64(h_q), np.int64(width),
                 np.int64(q.stride(0)), np.int64(q.stride(1)), np.int64(kv.stride(0)), np.int64(idx.stride(0)))
-        launch = lambda: fn((min(s_q, sms * ctas),), (THREADS,), args, shared_mem=smem(entry))
+        launch = lambda: fn((min(s_q, sms * ctas),), (THREADS,), args, shared_mem=nbytes_smem)
         launch()
         cupy.cuda.Device().synchronize()
         ms = do_bench(launch, warmup=50, rep=200, return_mode="median")
