@@ -17,7 +17,8 @@ import math
 
 FIRST, SECOND, ALONE = 58.3 / 32, 65.4 / 32, 53 / 32  # us a tile
 SLOTS_PER_TILE = 64
-V32_TILES = 2048 // SLOTS_PER_TILE  # a V3.2 TP8 item's tiles
+V32_SLOTS = 2048  # a V3.2 TP8 item's slots (topk)
+V32_TILES = V32_SLOTS // SLOTS_PER_TILE
 
 
 def item_cost(tiles):
@@ -59,7 +60,7 @@ def main():
     args = ap.parse_args()
     s_q = 4096
     rows = {
-        "V3.2 TP8 (2048 slots)": [V32_TILES * SLOTS_PER_TILE] * s_q,
+        "V3.2 TP8 (2048 slots)": [V32_SLOTS] * s_q,
         "V4-Flash TP8 / TP4 CSA (topk 512)": [min(p // 4, 512) + min(p + 1, 128) for p in range(s_q)],
         "V4-Pro TP8 CSA (topk 1024)": [min(p // 4, 1024) + min(p + 1, 128) for p in range(s_q)],
         "causal prompt, topk 2048": [min(p + 1, 2048) for p in range(s_q)],

@@ -5,10 +5,14 @@
 
 namespace sparse_mla::sm90::narrow {
 
+// The probe's shared memory: the ring of one M tile's kernel at one CTA per SM, up to its q16.
+template <int D, int kBuffers>
+using GatherLayout = Layout<D, kMTileHeads, kBuffers, 1>;
+
 template <int D, int kBuffers>
 __device__ void gather_only(const SparseMlaParams& p) {
     extern __shared__ __align__(1024) uint8_t smem[];
-    using L = Layout<D, kMTileHeads, kBuffers, 1>;
+    using L = GatherLayout<D, kBuffers>;
     constexpr int kConsumerThreads = Shape<kMTileHeads>::kConsumerThreads;
     const WorkItems work(p, kMTileHeads);
     const RingBarriers<kBuffers> bars{reinterpret_cast<uint64_t*>(smem + L::kBarriers)};
@@ -37,7 +41,7 @@ __device__ void gather_only(const SparseMlaParams& p) {
 // Each entry with its shared memory in bytes beside it (NAME_smem), read by narrow_gather.py.
 #define NARROW_GATHER_ENTRY(D, B, C)                                                                             \
     extern "C" __device__ const int narrow_gather_d##D##_b##B##_c##C##_smem =                                   \
-        sparse_mla::sm90::narrow::Layout<D, sparse_mla::sm90::narrow::kMTileHeads, B, 1>::kGatherBytes;         \
+        sparse_mla::sm90::narrow::GatherLayout<D, B>::kGatherBytes;                                             \
     extern "C" __global__ void __launch_bounds__(sparse_mla::sm90::narrow::Shape<16>::kThreads, C)                \
         narrow_gather_d##D##_b##B##_c##C(const uint8_t* q, const uint8_t* kv, const int32_t* indices,            \
                                          const int32_t* topk_length, int64_t s_q, int64_t s_kv, int64_t h_q,     \
