@@ -1,4 +1,5 @@
-// What a 2-CTA cluster pays to add two partial S (PERF.md, Next steps 4): the round trip of 16 KB
+// What a 2-CTA cluster pays to add two partial S (PERF.md, Next steps, "A design with fewer O
+// registers per thread"; by name, since the items are renumbered): the round trip of 16 KB
 // (one warpgroup's fp32 S of a tile) or 32 KB between the two CTAs' shared memory, each CTA sending
 // its part and waiting for its peer's, cycles an exchange, on 1 and on 66 clusters:
 //   V1: 128 threads store through the peer's mapped address (st.shared::cluster), then barrier.cluster;
