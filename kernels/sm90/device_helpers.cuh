@@ -195,6 +195,13 @@ __device__ inline void copy_row_share(uint8_t* dst, const uint8_t* src, bool val
     for (int m = 0; m < kChunks; ++m) copy_chunk(dst + m * kColumnBytes, src + 64 * m, valid, false);
 }
 
+// 8 bytes into global memory by one store. A uint2 store beside a branch that writes the same two words
+// one by one came out as two 4-byte stores (the narrow kernels' out rows: every sector written in two
+// halves, PERF.md).
+__device__ inline void st_global_v2(void* dst, uint32_t lo, uint32_t hi) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
+}
+
 // 16 bytes of a row from global memory.
 __device__ inline uint4 load_chunk(const uint8_t* src, bool aligned) {
     if (aligned) return __ldg(reinterpret_cast<const uint4*>(src));

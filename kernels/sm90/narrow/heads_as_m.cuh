@@ -27,7 +27,7 @@ __device__ inline void store_out_row(const SparseMlaParams& p, int64_t t, int64_
         const uint32_t w0 = *reinterpret_cast<const uint32_t*>(&lo), w1 = *reinterpret_cast<const uint32_t*>(&hi);
         uint16_t* dst = row + 16 * dl;
         if (p.out_rows_16b_aligned) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(w0, w1);
+            st_global_v2(dst, w0, w1);
         } else {  // rows of bf16 pairs (the host checks it)
             reinterpret_cast<uint32_t*>(dst)[0] = w0, reinterpret_cast<uint32_t*>(dst)[1] = w1;
         }
