@@ -195,9 +195,9 @@ __device__ inline void copy_row_share(uint8_t* dst, const uint8_t* src, bool val
     for (int m = 0; m < kChunks; ++m) copy_chunk(dst + m * kColumnBytes, src + 64 * m, valid, false);
 }
 
-// 8 bytes into global memory by one store. A uint2 store beside a branch that writes the same two words
-// one by one came out as two 4-byte stores (the narrow kernels' out rows: every sector written in two
-// halves, PERF.md).
+// 8 bytes into global memory (dst 8-byte aligned) by one store. A uint2 store beside a branch that
+// writes the same two words one by one came out as two 4-byte stores (narrow16/32's out rows: every
+// sector written in two halves, PERF.md v12).
 __device__ inline void st_global_v2(void* dst, uint32_t lo, uint32_t hi) {
     asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
 }
