@@ -6,14 +6,11 @@ heads_as_n.cuh's S^T rows) are its own slots' validity, at d_qk 512 and 576.
 `python3 ci/models/narrow_ring_layout.py`"""
 import random
 
+from transpose_banks import sw64_chunk
+
 SLOTS, PRODUCER_WARPS = 64, 2  # kSlotsPerTile, kProducerWarps
 ROW_SETS = SLOTS // 8 // PRODUCER_WARPS  # kRowSets
 ATOM_COLUMN_BYTES = SLOTS * 64  # kE4m3AtomColumnBytes
-
-
-def sw64_chunk(row, c):
-    return (c // 4) * (SLOTS * 64) + row * 64 + (((c % 4) ^ ((row // 2) % 4)) * 16)
-
 
 def lane_row(pw, lane, k):
     """produce(): lane / 4 + 8 (kProducerWarps k + pw)"""
@@ -27,7 +24,7 @@ def copies(d):
     for pw in range(PRODUCER_WARPS):
         for lane in range(32):
             part = lane % 4
-            landing0 = sw64_chunk(lane_row(pw, lane, 0), part)
+            landing0 = sw64_chunk(lane_row(pw, lane, 0), part, SLOTS)
             for k in range(ROW_SETS):
                 dst = landing0 + 8 * PRODUCER_WARPS * k * 64
                 for m in range(d // 64):
@@ -38,7 +35,7 @@ def copies(d):
 for d in (512, 576):
     written = copies(d)
     assert len({dst for dst, _ in written}) == len(written) == SLOTS * d // 16, "every chunk once"
-    assert all(dst == sw64_chunk(row, c) for dst, (row, c) in written), "where sw64_chunk puts it"
+    assert all(dst == sw64_chunk(row, c, SLOTS) for dst, (row, c) in written), "where sw64_chunk puts it"
 
 rng = random.Random(0)
 for _ in range(100):
