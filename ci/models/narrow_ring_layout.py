@@ -12,6 +12,7 @@ SLOTS, PRODUCER_WARPS = 64, 2  # kSlotsPerTile, kProducerWarps
 ROW_SETS = SLOTS // 8 // PRODUCER_WARPS  # kRowSets
 ATOM_COLUMN_BYTES = SLOTS * 64  # kE4m3AtomColumnBytes
 
+
 def lane_row(pw, lane, k):
     """produce(): lane / 4 + 8 (kProducerWarps k + pw)"""
     return lane // 4 + 8 * (PRODUCER_WARPS * k + pw)
