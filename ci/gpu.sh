@@ -2,12 +2,13 @@
 # The GPU machine's one call: build and install (or install a wheel built elsewhere), then the GPU
 # suite, the demo, the benchmark and the sanitizers. Logs go to $OUT.
 # Usage: ci/gpu.sh [--wheel WHEEL] [build] [test] [frameworks] [demo] [bench] [sanitize] [floor] [accum]
-#                  [stores] [cluster]
+#                  [stores] [cluster] [wgmma]
 # (default: all but frameworks and the probes; floor: the narrow kernels' gather floor on the serving
 # shapes, which needs the peers' compare.py in $PEERS, default .peers; accum: how FP8 wgmma sums, for
 # precision "fast": ci/probes/fp8_accumulator.py; stores: what an item's out costs to store,
 # ci/probes/out_stores.cu; cluster: a partial S's round trip between a cluster's two CTAs,
-# ci/probes/cluster_exchange.cu).
+# ci/probes/cluster_exchange.cu; wgmma: the tensor cores' rate by an FP8 wgmma's N,
+# ci/probes/wgmma_rate.cu).
 # --wheel WHEEL: the build step installs WHEEL (e.g. the cp312-abi3 one from ci/release.sh) instead
 # of building, and always runs (`ci/gpu.sh --wheel W test` installs W, then tests it). A wheel built
 # with --no-build-isolation where jaxlib is missing has no JAX primitive, and the JAX tests fail on it.
@@ -66,12 +67,13 @@ if step sanitize; then
     tail -3 "$OUT/$tool.log"
   done
 fi
-probe_fatbin() {  # ci/probes/$1.cu into $OUT/$1.fatbin (the CUTLASS headers from .whl/ if need be)
-  local cutlass
+cutlass_include() {  # the CuTe/CUTLASS headers' folder (from .whl/ if need be)
   python3 -c "import cutlass_library" 2> /dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl
-  cutlass=$(python3 -c "import importlib.util, os; print(os.path.join(importlib.util.find_spec('cutlass_library').submodule_search_locations[0], 'source', 'include'))")
+  python3 -c "import importlib.util, os; print(os.path.join(importlib.util.find_spec('cutlass_library').submodule_search_locations[0], 'source', 'include'))"
+}
+probe_fatbin() {  # ci/probes/$1.cu into $OUT/$1.fatbin
   nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr \
-       -Ikernels -I"$cutlass" -o "$OUT/$1.fatbin" "ci/probes/$1.cu"
+       -Ikernels -I"$(cutlass_include)" -o "$OUT/$1.fatbin" "ci/probes/$1.cu"
 }
 if step floor; then
   probe_fatbin narrow_gather &&
@@ -84,7 +86,8 @@ if step accum; then
   record $? "FP8 accumulator probe"
 fi
 probe_program() {  # ci/probes/$1.cu, a program of its own, built and run; its output to $OUT/$2.log
-  nvcc -O3 -arch=sm_90a -std=c++17 -o "/tmp/$1" "ci/probes/$1.cu" && "/tmp/$1" 2>&1 | tee "$OUT/$2.log"
+  nvcc -O3 -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -I"$(cutlass_include)" -o "/tmp/$1" "ci/probes/$1.cu" &&
+    "/tmp/$1" 2>&1 | tee "$OUT/$2.log"
 }
 if step stores; then
   probe_program out_stores stores
@@ -93,5 +96,9 @@ fi
 if step cluster; then
   probe_program cluster_exchange cluster
   record $? "cluster exchange probe"
+fi
+if step wgmma; then
+  probe_program wgmma_rate wgmma
+  record $? "wgmma rate probe"
 fi
 exit $status
