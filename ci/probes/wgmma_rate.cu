@@ -3,12 +3,13 @@
 // one fp32 accumulator over a 64 x 256 A tile and an N x 256 B tile in the kernels' 64-byte swizzle
 // atoms (QK^T's operands: N 32 is the 64-head kernels' half tile), 8 K steps a commit group with one
 // group in flight, as a GEMM's main loop does; and the RS m64n256k32 into f16 that is dual_fast's
-// P.V. Prints each shape's FLOPs a cycle a SM, against the dense FP8 rate of 8192 (4 tensor cores).
+// P.V. Prints each shape's FLOPs a cycle a SM, against the dense FP8 rate (kDenseFlopsPerCycle).
 // Built and run by `ci/gpu.sh wgmma` on the GPU machine (a program of its own: no package, no torch).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -17,6 +18,9 @@ namespace wgmma_rate {
 
 using namespace cute;
 constexpr int kD = 256, kKSteps = kD / 32, kGroups = 4096;
+constexpr double kDenseFlopsPerCycle = 8192;  // an SM's 4 tensor cores at the dense FP8 rate
+// the B operand's rows: kN > 0, N of an SS wgmma; kN == 0, the RS P.V's 256
+constexpr int b_rows(int kN) { return kN > 0 ? kN : 256; }
 
 template <int kRows>
 using Tile = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<float_e4m3_t>{}, Shape<Int<kRows>, Int<kD>>{}));
@@ -35,7 +39,7 @@ __device__ __forceinline__ void rs(const uint32_t (&a)[4], uint64_t b, Acc& d, s
 template <int kN>
 __global__ void __launch_bounds__(128) chain(long long* cycles, float* sink) {
     extern __shared__ __align__(1024) uint8_t smem[];
-    constexpr int kBRows = kN > 0 ? kN : 256;
+    constexpr int kBRows = b_rows(kN);
     const int tid = threadIdx.x;
     for (int i = tid; i < (64 + kBRows) * kD / 4; i += 128) reinterpret_cast<uint32_t*>(smem)[i] = 0x38383838u * (i % 3);
     __syncthreads();
@@ -79,7 +83,7 @@ __global__ void __launch_bounds__(128) chain(long long* cycles, float* sink) {
 
 template <int kN>
 void run(const char* name, int sms, int per_sm, long long* cycles, float* sink) {
-    const int smem = (64 + (kN > 0 ? kN : 256)) * kD;
+    const int smem = (64 + b_rows(kN)) * kD;
     cudaFuncSetAttribute(chain<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     const int blocks = sms * per_sm;
     chain<kN><<<blocks, 128, smem>>>(cycles, sink);  // warm-up
@@ -88,15 +92,15 @@ void run(const char* name, int sms, int per_sm, long long* cycles, float* sink) 
         std::printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError()));
         return;
     }
-    long long host[2 * 132 * 4] = {};
-    cudaMemcpy(host, cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
+    std::vector<long long> host(blocks);
+    cudaMemcpy(host.data(), cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
     double mean = 0;
     for (int b = 0; b < blocks; ++b) mean += host[b];
     mean /= blocks;
-    const double flops = 2.0 * 64 * (kN > 0 ? kN : 256) * 32 * kKSteps * kGroups;  // one CTA's
+    const double flops = 2.0 * 64 * b_rows(kN) * 32 * kKSteps * kGroups;  // one CTA's
     const double per_wgmma = mean / (kKSteps * kGroups);
-    std::printf("%-26s %d CTA/SM: %7.1f cycles a wgmma (one CTA), %6.0f FLOP/cycle/SM (%.2f of 8192)\n", name, per_sm,
-                per_wgmma, per_sm * flops / mean, per_sm * flops / mean / 8192);
+    std::printf("%-26s %d CTA/SM: %7.1f cycles a wgmma (one CTA), %6.0f FLOP/cycle/SM (%.2f of the dense rate)\n",
+                name, per_sm, per_wgmma, per_sm * flops / mean, per_sm * flops / mean / kDenseFlopsPerCycle);
 }
 
 }  // namespace wgmma_rate
@@ -107,8 +111,9 @@ int main() {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     long long* cycles;
     float* sink;
-    cudaMalloc(&cycles, 2 * 132 * 4 * sizeof(long long));
-    cudaMalloc(&sink, 2 * 132 * 4 * 128 * sizeof(float));
+    const int most_blocks = 2 * sms;  // two CTAs a SM
+    cudaMalloc(&cycles, most_blocks * sizeof(long long));
+    cudaMalloc(&sink, most_blocks * 128 * sizeof(float));
     for (int per_sm = 1; per_sm <= 2; ++per_sm) {
         run<32>("SS m64n32k32 (QK^T half)", sms, per_sm, cycles, sink);
         run<64>("SS m64n64k32", sms, per_sm, cycles, sink);
