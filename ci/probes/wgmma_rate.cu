@@ -10,10 +10,10 @@
 // Built and run by `ci/gpu.sh wgmma` on the GPU machine (a program of its own: no package, no torch).
 #include <cuda_runtime.h>
 
-#include <cstdint>
-#include <cstdio>
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstdio>
 #include <map>
 #include <vector>
 
@@ -25,6 +25,8 @@ namespace wgmma_rate {
 using namespace cute;
 constexpr int kD = 256, kKSteps = kD / 32, kGroups = 4096;
 constexpr double kDenseFlopsPerCycle = 8192;  // an SM's 4 tensor cores at the dense FP8 rate
+// shared memory a CTA that lets only one, or two, onto an SM (228 KB, 1 KB of it reserved a CTA)
+constexpr int kSmemOneCta = 120 * 1024, kSmemTwoCtas = 80 * 1024;
 // kN > 0: SS m64nNk32 into fp32; kN == 0: RS m64n256k32 into f16 (P.V); kN == -32: RS m64n32k32 into
 // fp32 (QK^T's half tile with Q from registers). b_rows: the B operand's rows.
 constexpr int b_rows(int kN) { return kN > 0 ? kN : kN == 0 ? 256 : -kN; }
@@ -97,8 +99,7 @@ __global__ void __launch_bounds__(128) chain(long long* span, float* sink) {
 
 template <int kN>
 void run(const char* name, int sms, int per_sm, long long* span, float* sink) {
-    // shared memory that lets exactly per_sm CTAs onto an SM (228 KB, 1 KB of it reserved a CTA)
-    const int smem = std::max((64 + b_rows(kN)) * kD, per_sm == 1 ? 120 * 1024 : 80 * 1024);
+    const int smem = std::max((64 + b_rows(kN)) * kD, per_sm == 1 ? kSmemOneCta : kSmemTwoCtas);
     cudaFuncSetAttribute(chain<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     const int blocks = sms * per_sm;
     chain<kN><<<blocks, 128, smem>>>(span, sink);  // warm-up
@@ -114,8 +115,7 @@ void run(const char* name, int sms, int per_sm, long long* span, float* sink) {
     for (int b = 0; b < blocks; ++b) {
         const long long sm = host[3 * b], t0 = host[3 * b + 1], t1 = host[3 * b + 2];
         chain_cycles += t1 - t0;
-        auto [it, fresh] = by_sm.try_emplace(sm, std::array<long long, 3>{0, t0, t1});
-        auto& e = it->second;
+        auto& e = by_sm.try_emplace(sm, std::array<long long, 3>{0, t0, t1}).first->second;
         ++e[0], e[1] = std::min(e[1], t0), e[2] = std::max(e[2], t1);
     }
     const double flops = 2.0 * 64 * b_rows(kN) * 32 * kKSteps * kGroups;  // one CTA's
@@ -130,6 +130,7 @@ void run(const char* name, int sms, int per_sm, long long* span, float* sink) {
                 name, per_sm, chain_cycles / blocks / (kKSteps * kGroups), rate, rate / kDenseFlopsPerCycle,
                 odd ? " (SMs with other CTA counts)" : "");
 }
+
 }  // namespace wgmma_rate
 
 int main() {
