@@ -30,7 +30,6 @@ constexpr int kSmemOneCta = 120 * 1024, kSmemTwoCtas = 80 * 1024;
 // kN > 0: SS m64nNk32 into fp32; kN == 0: RS m64n256k32 into f16 (P.V); kN == -32: RS m64n32k32 into
 // fp32 (QK^T's half tile with Q from registers). b_rows: the B operand's rows.
 constexpr int b_rows(int kN) { return kN > 0 ? kN : kN == 0 ? 256 : -kN; }
-constexpr bool ss_shape(int kN) { return kN > 0; }
 
 template <int kRows>
 using Tile = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<float_e4m3_t>{}, Shape<Int<kRows>, Int<kD>>{}));
@@ -56,7 +55,7 @@ __global__ void __launch_bounds__(128) chain(long long* span, float* sink) {
     auto sa = make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(smem)), Tile<64>{});
     auto sb = make_tensor(make_smem_ptr(reinterpret_cast<float_e4m3_t*>(smem + 64 * kD)), Tile<kBRows>{});
     uint64_t da[kKSteps], db[kKSteps];
-    float acc32[kN != 0 ? b_rows(kN) / 2 : 1] = {};
+    float acc32[kN != 0 ? kBRows / 2 : 1] = {};
     uint32_t acc16[64] = {}, pa[4] = {0x3c3c3c3cu, 0x3c3c3c3cu, 0x3c3c3c3cu, 0x3c3c3c3cu};
     using OpSS = decltype(SM90::GMMA::ss_op_selector<float_e4m3_t, float_e4m3_t, float, Shape<_64, Int<kBRows>, _32>>());
     using OpRS = SM90::GMMA::MMA_64x256x32_F16E4M3E4M3_RS_TN<>;
@@ -77,7 +76,7 @@ __global__ void __launch_bounds__(128) chain(long long* span, float* sink) {
         warpgroup_arrive();
 #pragma unroll
         for (int k = 0; k < kKSteps; ++k) {
-            if constexpr (ss_shape(kN)) ss<OpSS>(da[k], db[k], acc32, std::make_index_sequence<kN / 2>{});
+            if constexpr (kN > 0) ss<OpSS>(da[k], db[k], acc32, std::make_index_sequence<kBRows / 2>{});
             else if constexpr (kN < 0) rs<OpQkRS>(pa, db[k], acc32, std::make_index_sequence<kBRows / 2>{});
             else rs<OpRS>(pa, db[k], acc16, std::make_index_sequence<64>{});
         }
