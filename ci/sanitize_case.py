@@ -15,8 +15,9 @@ def configurations(kernel_names):
     """(d_qk, h_q, topk, s_q, seed, kernel, forced): forced runs the kernel, else it is the registry's
     choice (tests/test_native.py checks that on the CPU, where this script cannot run)."""
     cases = [(576, 70, 100, 3, 0, "wide", False), (512, 16, 64, 3, 0, "narrow16", False),
-             (512, 70, 2100, 300, 0, "fallback", False), (576, 40, 1100, 140, 0, "split", False),
-             (512, 40, 600, 300, 0, "dual", False), (512, 40, 600, 300, 0, "dual_fast", False),
+             (512, 70, 2100, 300, 0, "fallback", False), (576, 40, 2100, 140, 0, "split", False),
+             (576, 40, 1100, 140, 0, "dual_fast", False), (512, 40, 600, 300, 0, "dual", False),
+             (512, 40, 600, 300, 0, "dual_fast", False),
              (576, 70, 300, 140, 2, "wide_fast", False)]
     cases += [(576, 70, 100, 300, seed, "wide", False) for seed in range(MULTI_ITEM_SEEDS)]
     cases += [(512, 70, 200, 300, seed, "wide_fast", False) for seed in range(MULTI_ITEM_SEEDS // 2)]

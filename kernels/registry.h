@@ -30,9 +30,9 @@
     X(narrow32)                    \
     X(wide_fast)                   \
     X(wide)                        \
-    X(split)                       \
     X(dual_fast)                   \
     X(dual)                        \
+    X(split)                       \
     X(fallback)
 
 namespace sparse_mla {

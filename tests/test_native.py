@@ -79,7 +79,8 @@ def test_native_takes_no_kernel_from_the_caller():
 # (h_q, topk) -> the kernel that runs it: the bounds of each kernel's takes() (kernels/sm90/*/config.h)
 KERNEL_OF = {
     (128, 2048): "wide", (65, 1): "wide", (128, 2049): "fallback", (300, 16384): "fallback",
-    (64, 255): "dual", (64, 256): "dual", (33, 1023): "dual", (64, 1024): "split", (33, 4096): "split",
+    (64, 255): "dual", (64, 256): "dual", (33, 1023): "dual", (64, 1024): "dual", (64, 2048): "dual",
+    (64, 2049): "split", (33, 4096): "split",
     (64, 4097): "fallback", (33, 16): "dual", (64, 1): "dual", (1, 1): "narrow8", (8, 1 << 20): "narrow8",
     (9, 1): "narrow16", (16, 16): "narrow16", (16, 1 << 20): "narrow16", (17, 4096): "narrow32", (32, 1): "narrow32",
     (32, 1 << 20): "narrow32",
@@ -88,7 +89,8 @@ KERNEL_OF = {
 
 # where precision "fast" runs another kernel than KERNEL_OF's
 FAST_KERNEL_OF = {(128, 2048): "wide_fast", (65, 1): "wide_fast", (64, 255): "dual_fast", (64, 256): "dual_fast",
-                  (33, 1023): "dual_fast", (33, 16): "dual_fast", (64, 1): "dual_fast"}
+                  (33, 1023): "dual_fast", (64, 1024): "dual_fast", (64, 2048): "dual_fast", (33, 16): "dual_fast",
+                  (64, 1): "dual_fast"}
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])

@@ -23,8 +23,8 @@ SHAPES = [  # (s_q, s_kv, h_q, d_qk, topk): odd h_q and topk, topk > s_kv (so du
     (3, 128, 64, 512, 64),
     (2, 300, 130, 512, 70),  # the wide kernel's second head block: 2 heads
     (2, 500, 200, 576, 130),  # and 72: its second warpgroup's 8
-    (3, 2000, 40, 576, 1100),  # the split kernel (h_q <= 64, topk from 1024)
-    (3, 2000, 40, 512, 600),  # the dual kernel (h_q 33 to 64, topk below 1024; also the topk 300 ones)
+    (3, 2000, 40, 576, 2100),  # the split kernel (h_q <= 64, topk past 2048)
+    (3, 2000, 40, 512, 600),  # the dual kernel (h_q 33 to 64, topk up to 2048; also the topk 300 ones)
 ]
 
 

@@ -27,8 +27,8 @@ def prefill(q, kv, indices, sm_scale, *, q_scale=1.0, kv_scale=1.0, d_v=512, att
     or lse; a build without jax has none, and JAX callers pass those buffers from another framework).
 
     precision: "exact" or "fast" (None: the default, "exact"). "fast" runs a fast kernel where one
-    takes the call (wide_fast: h_q above 64, topk up to 2048; dual_fast: h_q 33 to 64, topk below
-    1024) and the exact kernels elsewhere; the CPU path computes exactly for both.
+    takes the call (wide_fast: h_q above 64, topk up to 2048; dual_fast: h_q 33 to 64, topk up to
+    2048) and the exact kernels elsewhere; the CPU path computes exactly for both.
 
     The launch goes to the inputs' device on `stream` (an int cudaStream_t, or an object with
     __cuda_stream__() or .cuda_stream; default: the current stream of torch for torch tensors, of

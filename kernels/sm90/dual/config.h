@@ -23,8 +23,8 @@ constexpr int half_tile_bytes(int d_qk) { return kHalfSlots * d_qk; }
 constexpr int landing_smem_offset(int) { return kHalfSlots * kDv * 2; }
 constexpr int q_smem_offset(int d_qk) { return landing_smem_offset(d_qk) + landing_buffers(d_qk) * half_tile_bytes(d_qk); }
 
-// Its entry in the registry, after the split kernel's: it takes the calls with one block of 64 heads
-// that the split kernel does not, up to where its f16 O (the wide kernel's) is accurate enough. At
+// Its entry in the registry, before the split kernel's: it takes the calls with one block of 64 heads
+// up to where its f16 O (the wide kernel's) is accurate enough; the split kernel takes longer rows. At
 // short rows too: there the per-item end is the kernel, and two CTAs per SM hide part of it (faster
 // than the fallback kernel at every short topk measured: PERF.md). (An exact kernel:
 // it takes both precisions, after dual_fast has taken fast's.) Two CTAs per SM, so that while one CTA runs

@@ -14,9 +14,8 @@ constexpr int kHeadsPerCta = kHeadsPerWg;  // both consumer warpgroups on the sa
 constexpr int kLandingBuffers = 3;  // e4m3 kv tiles: the gather runs two tiles ahead
 // Each warpgroup's f16 O sums half of a token's slots: the wide kernel's bound per warpgroup.
 constexpr int64_t kMaxTopk = 2 * wide::kMaxTopk;
-// Below this the fallback kernel is as fast: both spend most of a short item on its serial epilogue
-// (PERF-HISTORY.md, h_q <= 64).
-constexpr int64_t kMinTopk = 1024;
+// Up to the dual kernel's bound the dual kernel is faster (PERF.md).
+constexpr int64_t kMinTopk = wide::kMaxTopk + 1;
 
 // The statistics of a row over one warpgroup's slots, handed to the other at an item's end.
 struct RowStats {
