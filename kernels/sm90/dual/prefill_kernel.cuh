@@ -59,13 +59,13 @@ static_assert(kProducersBar < 16, "sm_90 has 16 named barriers");
 template <int D, bool kFast>
 __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& work, uint8_t* smem) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Traits::kProducerRegisters));
-    constexpr int kBuffers = landing_buffers(D);
+    constexpr int kBuffers = landing_buffers(D, kFast);
     constexpr int kChunksPerThread = D / 16 / 4;
     constexpr int kLandingAtomColumnBytes = kHalfSlots * 64;
     constexpr int kV16AtomColumnBytes = kHalfSlots * 128;
     static_assert(Traits::kProducerThreads == 4 * kHalfSlots, "four threads per row");
     const int ptid = threadIdx.x - Traits::kConsumerThreads, row = ptid / 4, part = ptid % 4;
-    uint8_t* landing0 = smem + landing_smem_offset(D);
+    uint8_t* landing0 = smem + landing_smem_offset(kFast);
     uint8_t* v16 = smem;
     const uint32_t row_chunk = sw64_chunk(row, part, kHalfSlots);
     const uint32_t landing0_shared = static_cast<uint32_t>(__cvta_generic_to_shared(landing0)) + row_chunk;
@@ -161,8 +161,8 @@ __device__ void prefill(const SparseMlaParams& p) {
 
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t* v16 = smem;
-    uint8_t* landing0 = smem + landing_smem_offset(D);
-    uint8_t* q_tile = smem + q_smem_offset(D);
+    uint8_t* landing0 = smem + landing_smem_offset(kFast);
+    uint8_t* q_tile = smem + q_smem_offset(D, kFast);
 
     const int tid = threadIdx.x;
     const WorkItems work(p, kHeadsPerCta);
@@ -212,7 +212,7 @@ __device__ void prefill(const SparseMlaParams& p) {
         for (int tile = 0; tile < n_tiles; ++tile) {
             CUTE_UNROLL
             for (int h = 0; h < 2; ++h, ++cta_half) {
-                const int buffer = cta_half % landing_buffers(D);
+                const int buffer = cta_half % landing_buffers(D, kFast);
                 // the validity of the half tile's slots, from the indices (lane j: slot 32 h + j)
                 const bool lane_valid = work.valid_slot(idx_row, n_slots, static_cast<int64_t>(tile) * kSlotsPerTile + kHalfSlots * h + lane);
                 bar_sync(kLandingFullBar0 + buffer, Traits::kThreads);
