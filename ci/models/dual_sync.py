@@ -1,9 +1,10 @@
 """A model of the dual kernel's synchronization, checked on the CPU: its producer warpgroup
 (dual/prefill_kernel.cuh's produce_half_tiles) and its consumer warpgroup (dual::prefill), one process
 each, as the sequences of named-barrier operations they run, under random schedules over random items
-(0 to 5 tiles, i.e. twice as many half tiles, each), for both landing depths (3 half tiles at d_qk 512,
-2 at 576), with the one V half tile of both precisions (fp16 in the exact kernel, e4m3 V^T in
-dual_fast).
+(0 to 5 tiles, i.e. twice as many half tiles, each), in each configuration of landing half tiles and
+gather lead (dual_fast: 3, the gather of c + 2 after QK^T of c - 1; the exact kernel: 3 at d_qk 512 and
+2 at 576, the gather into c's buffer after QK^T of c), with the one V half tile of both precisions
+(fp16 in the exact kernel, e4m3 V^T in dual_fast).
 Every schedule must end (no deadlock), leave no named barrier with arrivals that nobody waits for, and
 keep the data straight: QK^T reads the half tile its landing buffer holds, P.V the one its V buffer
 holds, the producer converts or transposes V from the landing buffer that holds its half tile, and no
@@ -18,10 +19,11 @@ from sync_model import WG, check, expect_holds, simulate
 # the kernel's named barriers (dual/prefill_kernel.cuh), for up to 3 landing buffers and the one V
 LANDING_FULL0, LANDING_EMPTY0, V_FULL, V_EMPTY, PRODUCERS = 1, 4, 7, 8, 10
 THREADS = 2 * WG  # Traits::kThreads: a consumer and a producer warpgroup
-LANDING_DEPTHS = [3, 2]  # landing half tiles at d_qk 512 and 576
+# (landing half tiles, the producer's kLead): dual_fast, the exact kernel at d_qk 512 and at 576
+CONFIGS = [(3, 0), (3, 1), (2, 1)]
 
 
-def run_config(tiles_per_item, seed, landing_buffers):
+def run_config(tiles_per_item, seed, landing_buffers, lead):
     landing = [None] * landing_buffers  # the CTA half tile each landing buffer holds
     v = None  # the CTA half tile the V buffer holds
     qk_done, pv_done = set(), set()  # CTA half tiles whose QK^T / P.V is done
@@ -56,7 +58,7 @@ def run_config(tiles_per_item, seed, landing_buffers):
                 errors.append(f"half tile {c} announced where the buffer holds {landing[c % landing_buffers]}")
             return ("arrive", LANDING_FULL0 + c % landing_buffers, THREADS)
 
-        for _ in range(landing_buffers - 1):
+        for _ in range(landing_buffers - 1 + lead):
             yield from gather_next()
         if landing_buffers >= 3 and state["gathered"] >= 1:
             yield announce(0)
@@ -72,13 +74,14 @@ def run_config(tiles_per_item, seed, landing_buffers):
             yield ("sync", PRODUCERS, WG)  # dual_fast only (the producer's own barrier: no hazard either way)
             yield ("do", lambda c=c: transpose(c))
             yield ("arrive", V_FULL, THREADS)
-            if c >= 1:  # QK^T of c - 1 done
-                yield ("sync", LANDING_EMPTY0 + (c - 1) % landing_buffers, THREADS)
+            if c + lead >= 1:  # QK^T of c - 1 + lead done
+                yield ("sync", LANDING_EMPTY0 + (c + lead - 1) % landing_buffers, THREADS)
             yield from gather_next()
             c += 1
         n = state["gathered"]
         if n >= 1:
-            yield ("sync", LANDING_EMPTY0 + (n - 1) % landing_buffers, THREADS)
+            if lead == 0:
+                yield ("sync", LANDING_EMPTY0 + (n - 1) % landing_buffers, THREADS)
             yield ("sync", V_EMPTY, THREADS)
 
     def consumer():
@@ -106,13 +109,14 @@ def run_config(tiles_per_item, seed, landing_buffers):
 
 
 def run(tiles_per_item, seed):
-    """Runs one CTA whose items have these tile counts at each landing depth; returns (the first
-    deadlock or None, every depth's errors)."""
+    """Runs one CTA whose items have these tile counts in each configuration; returns (the first
+    deadlock or None, every configuration's errors)."""
     deadlock, errors = None, []
-    for landing_buffers in LANDING_DEPTHS:
-        d, e = run_config(tiles_per_item, seed, landing_buffers)
-        deadlock = deadlock or (d and f"{landing_buffers} landing: {d}")
-        errors += [f"{landing_buffers} landing: {x}" for x in e]
+    for landing_buffers, lead in CONFIGS:
+        name = f"{landing_buffers} landing, lead {lead}"
+        d, e = run_config(tiles_per_item, seed, landing_buffers, lead)
+        deadlock = deadlock or (d and f"{name}: {d}")
+        errors += [f"{name}: {x}" for x in e]
     return deadlock, errors
 
 

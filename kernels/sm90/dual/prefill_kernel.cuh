@@ -9,7 +9,7 @@
 // (~113 KB of shared memory, 256 registers per thread pair) sets the unit of the pipeline: a half
 // tile of 32 slots. Per half tile:
 //   1. the producer gathers the e4m3 kv rows (cp.async) into a ring of landing half tiles, two ahead
-//      (one at d_qk 576); invalid slots become zero rows with a -inf logit;
+//      (one at d_qk 576; the exact kernel one more); invalid slots become zero rows with a -inf logit;
 //   2. the consumer computes S = Q K^T by FP8 wgmma (m64n32k32), promoted per K step (PERF.md);
 //   3. meanwhile the producer converts V to fp16 into the one fp16 half tile, once P.V of the one
 //      before has read it;
@@ -92,9 +92,15 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
                                                                     v16 + v16_lo, v16 + v16_hi);
     };
 
-    // Half tile c + kBuffers - 1 is gathered once QK^T of c - 1 is done. One cp.async group per half
-    // tile (empty past the last), so that a fixed wait count finds half tile c landed; each thread
-    // converts only the chunks it gathered. Every arrival of the consumer is waited for exactly once.
+    // Half tile c + kBuffers - 1 + kLead is gathered once QK^T of c - 1 + kLead is done (after the
+    // conversion of c). The exact kernel gathers into c's buffer as soon as QK^T of c is done
+    // (kLead 1), which its two buffers at d_qk 576 need: there the gather of c + 1 had waited for the
+    // conversion of c and so for P.V of c - 1 (1.02-1.05x at d_qk 576, 1.00x at 512); dual_fast
+    // keeps the later gather (kLead 0; 0.97x at the window rows with kLead 1: PERF-HISTORY.md). One
+    // cp.async group per half tile (empty past the last), so that a fixed wait count finds half tile c
+    // landed; each thread converts only the chunks it gathered. Every arrival of the consumer is
+    // waited for exactly once.
+    constexpr int kLead = kFast ? 0 : 1;
     next.open(work);
     int32_t next_j = half_index();
     int n_gathered = 0;
@@ -115,21 +121,21 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
         fence_for_tensor_cores();
         bar_arrive(kLandingFullBar0 + c % kBuffers, Traits::kThreads);
     };
-    for (int i = 0; i < kBuffers - 1; ++i) gather_next();
+    for (int i = 0; i < kBuffers - 1 + kLead; ++i) gather_next();
     if constexpr (kBuffers >= 3) {
         if (n_gathered >= 1) {
-            cute::cp_async_wait<kBuffers - 2>();
+            cute::cp_async_wait<kBuffers - 2 + kLead>();
             announce(0);
         }
     }
     for (int c = 0; c < n_gathered; ++c) {
         const int buffer = c % kBuffers;
         if constexpr (kBuffers >= 3) {
-            // every group up to c + 1's (gathered an iteration ago)
-            cute::cp_async_wait<kBuffers - 3>();
+            // every group up to c + 1's (gathered an iteration ago, or two)
+            cute::cp_async_wait<kBuffers - 3 + kLead>();
             if (c + 1 < n_gathered) announce(c + 1);
         } else {
-            cute::cp_async_wait<kBuffers - 2>();
+            cute::cp_async_wait<kBuffers - 2 + kLead>();
             announce(c);
         }
         if (c >= 1) bar_sync(kV16EmptyBar, Traits::kThreads);  // P.V of c - 1 has read the fp16 half tile
@@ -142,11 +148,12 @@ __device__ void produce_half_tiles(const SparseMlaParams& p, const WorkItems& wo
         }
         fence_for_tensor_cores();
         bar_arrive(kV16FullBar, Traits::kThreads);
-        if (c >= 1) bar_sync(kLandingEmptyBar0 + (c - 1) % kBuffers, Traits::kThreads);  // QK^T of c - 1 done
+        // QK^T of c - 1 + kLead done
+        if (c + kLead >= 1) bar_sync(kLandingEmptyBar0 + (c + kLead - 1) % kBuffers, Traits::kThreads);
         gather_next();
     }
     if (n_gathered >= 1) {
-        bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, Traits::kThreads);
+        if constexpr (kLead == 0) bar_sync(kLandingEmptyBar0 + (n_gathered - 1) % kBuffers, Traits::kThreads);
         bar_sync(kV16EmptyBar, Traits::kThreads);
     }
 }
