@@ -9,7 +9,8 @@ the base. Ours only: compare.py --set all is the table beside the peers.
 Usage, on the GPU machine with the peers copied into the checkout (.peers/, ignored):
   python3 ci/ab.py [--peers .peers] [--rounds 2] [--precision exact] [--precision fast]
                    --only "D 4096;V4-Flash DP h64 SWA" BASE.whl CANDIDATE.whl [...]
-(--only: shapes whose names start with each ;-separated text; --precision, repeated: default exact.
+(--only: shapes whose names start with each ;-separated text, compare.py's and EXTRA_SHAPES below;
+--precision, repeated: default exact.
 A wheel named as WHEEL@4 runs with out 4 bytes past a 16-byte boundary, the layout otherwise the same,
 so that the kernels take their unaligned store path: `BASE.whl BASE.whl@4` times the two store paths.)
 """
@@ -21,6 +22,12 @@ import sys
 import tempfile
 
 D_V = 512  # the d_v of every shape of compare.py (prefill()'s default)
+# rows compare.py lacks, in its shapes' form: h_q 64 at d_qk 576 (DeepSeek-V3.2 at two-way tensor
+# parallelism, topk 2048, and the same at topk 512), where the exact dual has two landing half tiles
+EXTRA_SHAPES = {
+    "X576 4096,32768,64,576,512": (4096, 32768, 64, 576, 512, None, False),
+    "V3.2 TP2 h64": (4096, 32768, 64, 576, 2048, None, False),
+}
 
 
 def time_shapes(peers, shapes, precisions, out_offset):
@@ -29,7 +36,7 @@ def time_shapes(peers, shapes, precisions, out_offset):
     import compare  # noqa: E402 (the peers' module: torch, the workloads, do_bench, errors)
     import torch
 
-    table = {**compare.CONTRACT, **compare.SERVING}
+    table = {**compare.CONTRACT, **compare.SERVING, **EXTRA_SHAPES}
     print(f"# {compare.smf.__file__}", flush=True)
     for key in shapes:
         name = next((n for n in table if n.startswith(key)), None)
